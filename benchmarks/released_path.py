@@ -1,0 +1,56 @@
+"""The released code's optimizer math, one matrix at a time (the benchmark baseline).
+
+This restates the algorithm of the paper's ``manifold_muon.py`` / ``train.py``
+(Nesterov momentum, per-matrix dual ascent with msign on the m x n matrix at
+every iteration and an explicit ``A^T W`` product, DGram retraction by full SVD,
+Stiefel retraction by msign) in this project's own code, so the benchmark can
+time both in one run. It is not used by training.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mwm.manifolds import get_manifold, retract_dgram_svd
+from mwm.msign import msign
+
+
+def _project(M, name):
+    return get_manifold(name).project(M)
+
+
+def _retract(W, name):
+    if name == "dgram":
+        return retract_dgram_svd(W)
+    if name == "stiefel":
+        return msign(W, method="direct")
+    return get_manifold(name).retract(W)
+
+
+@torch.no_grad()
+def released_manifold_muon(W, G, eta, alpha, steps, name):
+    transpose = W.shape[-2] < W.shape[-1]
+    if transpose:
+        W, G = W.mT, G.mT
+    Lam = -0.25 * _project(W.mT @ G + G.mT @ W, name)
+    for t in range(steps):
+        S = 0.5 * (Lam + Lam.mT)
+        A = msign(G + 2 * W @ _project(S, name), method="direct")
+        H = _project(W.mT @ A + A.mT @ W, name)
+        Lam = Lam - alpha * (1 - t / steps) * H
+    new = _retract(W - eta * A, name)
+    return new.mT if transpose else new
+
+
+@torch.no_grad()
+def released_step(weights, grads, bufs, manifolds, lr, momentum=0.95, weight_decay=0.1, alpha=0.1, steps=20):
+    """One optimizer step over lists of matrices; returns the new weights."""
+    out = []
+    for W, g, buf, name in zip(weights, grads, bufs, manifolds):
+        buf.mul_(momentum).add_(g)
+        u = g + momentum * buf
+        if name == "none":
+            out.append(W * (1 - lr * weight_decay) - lr * msign(u, method="direct"))
+        else:
+            out.append(released_manifold_muon(W, u, lr, alpha, steps, name))
+    return out

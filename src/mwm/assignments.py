@@ -1,0 +1,224 @@
+"""Which optimizer and manifold each parameter of a GPT-2 gets.
+
+The hidden matrices are the 2-D weights of ``attn.c_attn``, ``attn.c_proj``
+(attention) and ``mlp.c_fc``, ``mlp.c_proj`` (MLP); they go to Muon. Everything
+else (embeddings, the tied LM head, LayerNorm gains, biases) goes to AdamW, as
+in the paper's code.
+
+Named assignments (Table 3 of the paper, plus two extras):
+
+============  ==========  ========
+name          attention   MLP
+============  ==========  ========
+none          none        none       (plain Muon everywhere)
+stiefel       stiefel     stiefel
+dgram         dgram       dgram
+hetero        stiefel     dgram
+hetero-inv    dgram       stiefel
+oblique       oblique     oblique
+adamw         --          --         (AdamW on every parameter)
+============  ==========  ========
+
+A user mapping is an ordered ``{glob pattern: manifold}`` dict matched against
+the full parameter names of the hidden matrices (first match wins; unmatched
+hidden matrices get ``none``), so per-layer or per-matrix assignment is one
+config entry, e.g. ``{"transformer.h.0.attn.*": "stiefel", "*.mlp.*": "dgram"}``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from typing import Mapping
+
+import torch
+
+from .optim import MUON_MANIFOLDS, ManifoldMuon
+
+__all__ = [
+    "NAMED_ASSIGNMENTS",
+    "PAPER_ASSIGNMENTS",
+    "ATTN_KEYS",
+    "MLP_KEYS",
+    "module_kind",
+    "resolve_assignment",
+    "Optimizers",
+    "build_optimizers",
+]
+
+ATTN_KEYS = ("attn.c_attn", "attn.c_proj")
+MLP_KEYS = ("mlp.c_fc", "mlp.c_proj")
+
+#: name -> (attention manifold, MLP manifold); ``None`` means AdamW only.
+NAMED_ASSIGNMENTS: dict[str, tuple[str, str] | None] = {
+    "none": ("none", "none"),
+    "stiefel": ("stiefel", "stiefel"),
+    "dgram": ("dgram", "dgram"),
+    "hetero": ("stiefel", "dgram"),
+    "hetero-inv": ("dgram", "stiefel"),
+    "oblique": ("oblique", "oblique"),
+    "adamw": None,
+}
+#: The five assignments the paper trains (Table 3).
+PAPER_ASSIGNMENTS = ("none", "stiefel", "dgram", "hetero", "hetero-inv")
+
+ADAMW = "adamw"
+
+
+def module_kind(name: str, p: torch.Tensor) -> str | None:
+    """``"attn"`` or ``"mlp"`` for a hidden matrix, ``None`` for anything else."""
+    if p.ndim != 2:
+        return None
+    if any(k in name for k in ATTN_KEYS):
+        return "attn"
+    if any(k in name for k in MLP_KEYS):
+        return "mlp"
+    return None
+
+
+def resolve_assignment(
+    named_params: Mapping[str, torch.Tensor] | list[tuple[str, torch.Tensor]],
+    assignment: str | Mapping[str, str],
+) -> dict[str, str]:
+    """Map every trainable parameter name to ``"adamw"`` or a Muon manifold.
+
+    Raises ``ValueError`` listing the choices for an unknown name or manifold,
+    and naming any pattern that matches no hidden matrix.
+    """
+    items = list(named_params.items() if isinstance(named_params, Mapping) else named_params)
+    items = [(n, p) for n, p in items if p.requires_grad]
+    out: dict[str, str] = {}
+    if isinstance(assignment, str):
+        if assignment not in NAMED_ASSIGNMENTS:
+            raise ValueError(
+                f"unknown assignment {assignment!r}; choose one of {', '.join(NAMED_ASSIGNMENTS)} "
+                "or give a mapping from parameter-name patterns to manifolds"
+            )
+        pair = NAMED_ASSIGNMENTS[assignment]
+        for n, p in items:
+            kind = module_kind(n, p)
+            if pair is None or kind is None:
+                out[n] = ADAMW
+            else:
+                out[n] = pair[0] if kind == "attn" else pair[1]
+        return out
+
+    if not isinstance(assignment, Mapping) or not assignment:
+        raise ValueError(f"assignment must be a name or a non-empty pattern mapping, got {assignment!r}")
+    for pat, mf in assignment.items():
+        if mf not in MUON_MANIFOLDS:
+            raise ValueError(
+                f"assignment pattern {pat!r}: unknown manifold {mf!r}; choose one of {', '.join(MUON_MANIFOLDS)}"
+            )
+    hidden = [n for n, p in items if module_kind(n, p) is not None]
+    used = {pat: 0 for pat in assignment}
+    for n, p in items:
+        if module_kind(n, p) is None:
+            out[n] = ADAMW
+            continue
+        out[n] = "none"
+        for pat, mf in assignment.items():
+            if fnmatch.fnmatchcase(n, pat):
+                out[n] = mf
+                used[pat] += 1
+                break
+    unused = [pat for pat, k in used.items() if k == 0]
+    if unused:
+        sample = ", ".join(hidden[:4]) + (", ..." if len(hidden) > 4 else "")
+        raise ValueError(
+            f"assignment pattern(s) {unused} match no hidden matrix (names look like: {sample}); "
+            "patterns are shell globs over full parameter names"
+        )
+    return out
+
+
+@dataclass
+class Optimizers:
+    """The Muon optimizer (``None`` for all-AdamW) and the AdamW optimizer."""
+
+    muon: ManifoldMuon | None
+    adamw: torch.optim.AdamW
+    assignment: dict[str, str]
+
+    def all(self) -> list[torch.optim.Optimizer]:
+        return [o for o in (self.adamw, self.muon) if o is not None]
+
+    def zero_grad(self) -> None:
+        for o in self.all():
+            o.zero_grad(set_to_none=True)
+
+    def step(self) -> None:
+        # Muon first: it validates gradients for NaN/Inf before anything is written.
+        if self.muon is not None:
+            self.muon.step()
+        self.adamw.step()
+
+    def set_lr(self, adamw_lr: float, muon_lr: float) -> None:
+        for g in self.adamw.param_groups:
+            g["lr"] = adamw_lr
+        if self.muon is not None:
+            for g in self.muon.param_groups:
+                g["lr"] = muon_lr
+
+    def state_dict(self) -> dict:
+        return {
+            "adamw": self.adamw.state_dict(),
+            "muon": None if self.muon is None else self.muon.state_dict(),
+        }
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.adamw.load_state_dict(sd["adamw"])
+        if (self.muon is None) != (sd["muon"] is None):
+            raise ValueError("checkpoint and run disagree on whether a Muon optimizer exists")
+        if self.muon is not None:
+            self.muon.load_state_dict(sd["muon"])
+
+
+def build_optimizers(
+    model: torch.nn.Module,
+    assignment: str | Mapping[str, str],
+    *,
+    adamw_lr: float = 6e-4,
+    betas: tuple[float, float] = (0.9, 0.95),
+    weight_decay: float = 0.1,
+    muon_lr: float = 0.02,
+    momentum: float = 0.95,
+    alpha: float = 0.1,
+    dual_steps: int = 20,
+    dgram_retraction: str = "paper",
+    msign_steps: int = 10,
+    init_on_manifold: bool = True,
+) -> Optimizers:
+    """Split ``model``'s parameters as the paper does and build both optimizers.
+
+    AdamW: 2-D non-hidden weights with ``weight_decay``, the rest without.
+    Muon: one group per manifold; plain Muon gets ``weight_decay``, the
+    constrained groups get none (it would push them off the manifold).
+    """
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    plan = resolve_assignment(named, assignment)
+    decay, no_decay = [], []
+    muon_groups: dict[str, tuple[list, list]] = {}
+    for n, p in named:
+        target = plan[n]
+        if target == ADAMW:
+            (decay if p.ndim >= 2 else no_decay).append(p)
+        else:
+            names, params = muon_groups.setdefault(target, ([], []))
+            names.append(n)
+            params.append(p)
+    adamw_groups = [g for g in ({"params": decay, "weight_decay": weight_decay},
+                                {"params": no_decay, "weight_decay": 0.0}) if g["params"]]
+    adamw = torch.optim.AdamW(adamw_groups, lr=adamw_lr, betas=betas)
+    muon = None
+    if muon_groups:
+        groups = [
+            {"params": params, "names": names, "manifold": mf,
+             "weight_decay": weight_decay if mf == "none" else 0.0}
+            for mf, (names, params) in sorted(muon_groups.items())
+        ]
+        muon = ManifoldMuon(
+            groups, lr=muon_lr, momentum=momentum, alpha=alpha, dual_steps=dual_steps,
+            dgram_retraction=dgram_retraction, msign_steps=msign_steps, init_on_manifold=init_on_manifold,
+        )
+    return Optimizers(muon=muon, adamw=adamw, assignment=plan)

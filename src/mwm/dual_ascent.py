@@ -1,0 +1,190 @@
+"""Bernstein's dual ascent for the Manifold Muon inner problem, batched.
+
+For a tall weight ``W`` (``m x n``) on a manifold with projector ``P`` and a
+gradient (momentum) ``G`` it solves
+
+    min_A tr(G^T A)   s.t.   ||A||_2 <= 1,   P(W^T A + A^T W) = 0
+
+by ascent on the multiplier ``Lambda`` (``n x n``, symmetric)::
+
+    Lambda_0 = -1/4 P(W^T G + G^T W)
+    for t in 0..T-1:
+        A_t     = msign(G + 2 W P(sym Lambda_t))
+        H_t     = P(W^T A_t + A_t^T W)
+        Lambda  = Lambda - alpha (1 - t/T) H_t
+
+and the weight moves to ``retract(W - eta A)``.
+
+Two evaluation orders give the same numbers (up to float32 rounding):
+
+``direct``
+    As the released code: msign on the ``m x n`` matrix at every iteration,
+    except that ``A^T W`` is taken as the transpose of ``W^T A``.
+``gram``
+    Everything inside the loop lives in ``n x n``: with ``K = W^T G``,
+    ``C = G^T G``, ``D = W^T W`` and ``S = P(sym Lambda)``, the matrix
+    ``M = G + 2 W S`` has ``M^T M = C + 2 (K^T S + S K) + 4 S D S`` and
+    ``W^T M = K + 2 D S``; Polar Express runs on ``M^T M`` and returns ``Q`` with
+    ``msign(M) = M Q``, so ``W^T A = (W^T M) Q``. ``A`` itself (``m x n``) is only
+    formed at the end and at snapshots. Cheaper once ``m`` is about ``1.5 n``.
+
+``method="auto"`` picks the cheaper one from a flop count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import torch
+
+from .manifolds import Manifold, get_manifold, rms, to_tall
+from .msign import DEFAULT_STEPS, frobenius_scale, msign, polar_express_gram
+
+__all__ = ["DualAscentResult", "dual_ascent", "manifold_muon_update", "choose_method"]
+
+METHODS = ("auto", "direct", "gram")
+
+
+@dataclass
+class DualAscentResult:
+    """Output of :func:`dual_ascent`, in the orientation of the input.
+
+    ``A``: the final update direction. ``violations``: ``(steps, *batch)`` tensor
+    of ``||H_t||_RMS`` when requested. ``snapshots``: ``{T: A_T}``, the direction
+    after ``T`` iterations of the same run. ``iterations``: iterations done.
+    """
+
+    A: torch.Tensor
+    violations: torch.Tensor | None = None
+    snapshots: dict[int, torch.Tensor] = field(default_factory=dict)
+    iterations: int = 0
+
+
+def choose_method(m: int, n: int, msign_steps: int = DEFAULT_STEPS) -> str:
+    """Cheaper evaluation order for a tall ``m x n`` problem, by flop count per iteration."""
+    m, n = max(m, n), min(m, n)
+    direct = msign_steps * (2 * m * n * n + n**3) + 2 * m * n * n  # msign, W S, W^T A
+    gram = (4 * msign_steps - 2) * n**3 + 5 * n**3  # Polar Express on n x n, M^T M, (W^T M) Q
+    return "gram" if gram < direct else "direct"
+
+
+def _as_manifold(manifold: Manifold | str) -> Manifold:
+    return manifold if isinstance(manifold, Manifold) else get_manifold(manifold)
+
+
+def _check_inputs(W: torch.Tensor, G: torch.Tensor) -> None:
+    if W.shape != G.shape:
+        raise ValueError(f"weight and gradient shapes differ: {tuple(W.shape)} vs {tuple(G.shape)}")
+    if W.ndim < 2:
+        raise ValueError(f"dual ascent needs matrices, got shape {tuple(W.shape)}")
+    if not bool(torch.isfinite(G).all()):
+        raise FloatingPointError("gradient has NaN or Inf entries; refusing to compute an update")
+
+
+@torch.no_grad()
+def dual_ascent(
+    W: torch.Tensor,
+    G: torch.Tensor,
+    manifold: Manifold | str = "stiefel",
+    alpha: float = 0.1,
+    steps: int = 20,
+    tol: float | None = None,
+    record_violations: bool = False,
+    snapshots: Iterable[int] = (),
+    method: str = "auto",
+    msign_steps: int = DEFAULT_STEPS,
+) -> DualAscentResult:
+    """Run dual ascent on ``W``, ``G`` of shape ``(..., m, n)`` (tall or wide).
+
+    ``tol`` stops once every matrix of the batch has ``||H||_RMS < tol`` (the
+    direction of that iteration is returned, as the released code does).
+    """
+    _check_inputs(W, G)
+    if steps < 1:
+        raise ValueError(f"dual ascent needs steps >= 1, got {steps}")
+    if method not in METHODS:
+        raise ValueError(f"unknown dual ascent method {method!r}; choose one of {', '.join(METHODS)}")
+    mf = _as_manifold(manifold)
+    snaps = sorted(set(int(t) for t in snapshots))
+    for t in snaps:
+        if not 1 <= t <= steps:
+            raise ValueError(f"snapshot iteration {t} is outside 1..{steps}")
+
+    Wt, transposed = to_tall(W.float() if W.dtype in (torch.float16, torch.bfloat16) else W)
+    Gt, _ = to_tall(G.to(Wt.dtype))
+    m, n = Wt.shape[-2:]
+    if method == "auto":
+        method = choose_method(m, n, msign_steps)
+
+    WtG = Wt.mT @ Gt
+    Lam = -0.25 * mf.project(WtG + WtG.mT)
+    if method == "gram":
+        GtG = Gt.mT @ Gt
+        WtW = Wt.mT @ Wt
+
+    history = []
+    out_snaps: dict[int, torch.Tensor] = {}
+    A = None
+    it = 0
+    for t in range(steps):
+        S = mf.project(0.5 * (Lam + Lam.mT))
+        if method == "direct":
+            A = msign(Gt + 2.0 * (Wt @ S), steps=msign_steps, method="direct")
+            X = Wt.mT @ A
+        else:
+            DS = WtW @ S
+            E = WtG.mT @ S  # K^T S; its transpose is S K
+            MtM = GtG + 2.0 * (E + E.mT) + 4.0 * (S @ DS)
+            scale = frobenius_scale(MtM.diagonal(dim1=-2, dim2=-1).sum(-1))[..., None, None]
+            Q = polar_express_gram(MtM * scale.square(), steps=msign_steps) * scale
+            X = (WtG + 2.0 * DS) @ Q
+            A = None
+        H = mf.project(X + X.mT)
+        it = t + 1
+        viol = rms(H)
+        if record_violations:
+            history.append(viol)
+        if it in snaps:
+            out_snaps[it] = A if A is not None else (Gt + 2.0 * (Wt @ S)) @ Q
+        if tol is not None and bool((viol < tol).all()):
+            break
+        Lam = Lam - (alpha * (1.0 - t / steps)) * H
+    if A is None:
+        A = (Gt + 2.0 * (Wt @ S)) @ Q
+
+    def orient(T):
+        return T.mT if transposed else T
+
+    return DualAscentResult(
+        A=orient(A),
+        violations=torch.stack(history) if record_violations else None,
+        snapshots={k: orient(v) for k, v in out_snaps.items()},
+        iterations=it,
+    )
+
+
+@torch.no_grad()
+def manifold_muon_update(
+    W: torch.Tensor,
+    G: torch.Tensor,
+    manifold: Manifold | str,
+    eta: float,
+    alpha: float = 0.1,
+    steps: int = 20,
+    *,
+    tol: float | None = None,
+    method: str = "auto",
+    msign_steps: int = DEFAULT_STEPS,
+    dgram_retraction: str | None = None,
+) -> torch.Tensor:
+    """One Manifold Muon step: dual ascent, then ``retract(W - eta A)``.
+
+    ``W`` and ``G`` are ``(..., m, n)``; wide matrices are handled by transposing.
+    Returns the new weight (same shape and orientation as ``W``).
+    """
+    mf = _as_manifold(manifold)
+    if dgram_retraction is not None:
+        mf = get_manifold(mf.name, dgram_retraction)
+    res = dual_ascent(W, G, mf, alpha=alpha, steps=steps, tol=tol, method=method, msign_steps=msign_steps)
+    return mf.retract(W.to(res.A.dtype) - eta * res.A)

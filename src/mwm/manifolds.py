@@ -1,0 +1,210 @@
+"""The Gram-space manifolds: Stiefel, DGram and Oblique.
+
+A manifold is fixed by a self-adjoint projector ``P`` on symmetric ``n x n``
+matrices and a target ``C`` (Keigwin et al.'s Gram-space framework): a tall
+``W`` (``m >= n``) lies on it when ``P(W^T W - C) = 0``.
+
+==========  =========  ==========================  ======================
+manifold    ``P``      constraint                  tangent dimension
+==========  =========  ==========================  ======================
+stiefel     identity   ``W^T W = I``               ``mn - n(n+1)/2``
+dgram       off-diag   ``off(W^T W) = 0``          ``mn - n(n-1)/2``
+oblique     diagonal   ``diag(W^T W) = 1``         ``mn - n``
+==========  =========  ==========================  ======================
+
+Wide weights are handled by transposing, as the paper's code does: every
+function here accepts any ``(..., m, n)`` and works on the tall orientation.
+
+DGram has two retractions, chosen by name:
+
+``paper``
+    What the released code does: ``(U V^T) * S`` with ``S`` the singular values
+    in *descending* order. Column ``j`` gets the ``j``-th largest singular value,
+    whichever column it came from, so even a point already on DGram is permuted
+    in its column norms (norms [0.5, 3, 1, 2] come back as [3, 2, 1, 0.5]).
+``colnorm``
+    ``polar(W D^-1) D`` with ``D`` the input's column norms: columns are made
+    orthonormal and given back their own norms. It fixes every point of DGram.
+
+Both are computed from the eigendecomposition of the ``n x n`` Gram matrix
+instead of a full SVD of the ``m x n`` matrix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .msign import msign, polar_exact
+
+__all__ = [
+    "MANIFOLDS",
+    "DGRAM_RETRACTIONS",
+    "Manifold",
+    "get_manifold",
+    "to_tall",
+    "rms",
+    "retract_dgram_svd",
+]
+
+MANIFOLDS = ("stiefel", "dgram", "oblique")
+DGRAM_RETRACTIONS = ("paper", "colnorm")
+
+
+def to_tall(W: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """Return ``W`` in its tall orientation (``m >= n``) and whether it was transposed."""
+    if W.ndim < 2:
+        raise ValueError(f"expected a matrix or a batch of matrices, got shape {tuple(W.shape)}")
+    if W.shape[-2] < W.shape[-1]:
+        return W.mT, True
+    return W, False
+
+
+def _tall_map(fn, W: torch.Tensor) -> torch.Tensor:
+    T, transposed = to_tall(W)
+    out = fn(T)
+    return out.mT if transposed else out
+
+
+def rms(M: torch.Tensor) -> torch.Tensor:
+    """Root mean square over the last two dimensions."""
+    return M.square().mean(dim=(-2, -1)).sqrt()
+
+
+def _gram(W: torch.Tensor) -> torch.Tensor:
+    return W.mT @ W
+
+
+# eigh in float32 resolves eigenvalues to about 1e-7 of the largest; past this
+# spread the smallest ones lose more than 1e-4 of their value, so redo in float64.
+_EIGH32_MAX_SPREAD = 1e3
+
+
+def _inv_sqrt_psd(S: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eigenvalues (ascending) and ``S^{-1/2}`` of a batch of symmetric PSD matrices.
+
+    Tries the input's dtype first and falls back to float64 where the eigenvalue
+    spread is too wide for it. The float32 Gram of a matrix near DGram is accurate
+    entry by entry relative to ``d_i d_j``, which is what float64 eigh then needs.
+    """
+    evals, evecs = torch.linalg.eigh(S)
+    if S.dtype != torch.float64:
+        spread_ok = evals[..., :1] * _EIGH32_MAX_SPREAD >= evals[..., -1:]
+        if not bool(spread_ok.all()):
+            evals, evecs = torch.linalg.eigh(S.to(torch.float64))
+    floor = evals[..., -1:].clamp_min(torch.finfo(evals.dtype).tiny) * torch.finfo(evals.dtype).eps
+    inv_root = evals.clamp_min(floor).rsqrt()
+    return evals, (evecs * inv_root.unsqueeze(-2)) @ evecs.mT
+
+
+def _retract_dgram_paper(W: torch.Tensor) -> torch.Tensor:
+    evals, inv_root = _inv_sqrt_psd(_gram(W))
+    sigma_desc = evals.clamp_min(0).sqrt().flip(-1)
+    polar = W @ inv_root.to(W.dtype)
+    return polar * sigma_desc.to(W.dtype).unsqueeze(-2)
+
+
+def _retract_dgram_colnorm(W: torch.Tensor) -> torch.Tensor:
+    gram = _gram(W)
+    d = gram.diagonal(dim1=-2, dim2=-1).clamp_min(torch.finfo(gram.dtype).tiny).sqrt()
+    corr = gram / (d.unsqueeze(-1) * d.unsqueeze(-2))  # Gram of the column-normalized W
+    _, inv_root = _inv_sqrt_psd(corr)
+    # polar(W D^-1) D = W (D^-1 corr^-1/2 D): one m x n by n x n product
+    right = inv_root.to(W.dtype) / d.unsqueeze(-1) * d.unsqueeze(-2)
+    return W @ right
+
+
+def retract_dgram_svd(W: torch.Tensor) -> torch.Tensor:
+    """The released code's DGram retraction, by full SVD (reference and benchmark)."""
+    def f(T):
+        U, S, Vh = torch.linalg.svd(T, full_matrices=False)
+        return (U @ Vh) * S.unsqueeze(-2)
+
+    return _tall_map(f, W)
+
+
+@dataclass(frozen=True)
+class Manifold:
+    """One Gram-space manifold; ``retraction`` only matters for DGram."""
+
+    name: str
+    retraction: str = "paper"
+
+    def __post_init__(self):
+        if self.name not in MANIFOLDS:
+            raise ValueError(f"unknown manifold {self.name!r}; choose one of {', '.join(MANIFOLDS)}")
+        if self.retraction not in DGRAM_RETRACTIONS:
+            raise ValueError(
+                f"unknown DGram retraction {self.retraction!r}; choose one of {', '.join(DGRAM_RETRACTIONS)}"
+            )
+
+    # -- the projector P and the target C ------------------------------------------
+    def project(self, S: torch.Tensor) -> torch.Tensor:
+        """Apply the self-adjoint projector ``P`` to (a batch of) ``n x n`` matrices."""
+        if self.name == "stiefel":
+            return S
+        diag = torch.diagonal(S, dim1=-2, dim2=-1)
+        if self.name == "dgram":
+            return S - torch.diag_embed(diag)
+        return torch.diag_embed(diag)
+
+    def target(self, n: int, dtype=torch.float32, device=None) -> torch.Tensor:
+        if self.name == "dgram":
+            return torch.zeros(n, n, dtype=dtype, device=device)
+        return torch.eye(n, dtype=dtype, device=device)
+
+    # -- retraction and initialization -----------------------------------------------
+    def retract(self, W: torch.Tensor) -> torch.Tensor:
+        """Map a matrix (tall or wide, batched) onto the manifold."""
+        if self.name == "stiefel":
+            return _tall_map(msign, W)
+        if self.name == "oblique":
+            return _tall_map(lambda T: T / T.norm(dim=-2, keepdim=True).clamp_min(1e-12), W)
+        f = _retract_dgram_paper if self.retraction == "paper" else _retract_dgram_colnorm
+        return _tall_map(f, W)
+
+    def init(self, W: torch.Tensor) -> torch.Tensor:
+        """Put an initial weight on the manifold.
+
+        The retraction, except for Stiefel, where the exact polar factor (SVD) is
+        used: Polar Express leaves the smallest singular values of a random square
+        matrix short of 1 (the released code's init is off Stiefel by ~1e-3 RMS
+        there); the exact factor starts every weight on the manifold.
+        """
+        if self.name == "stiefel":
+            return polar_exact(W)
+        return self.retract(W)
+
+    # -- diagnostics ------------------------------------------------------------------
+    def tangent_violation(self, W: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
+        """``||P(W^T A + A^T W)||_RMS``: how far ``A`` is from the tangent space at ``W``."""
+        Wt, _ = to_tall(W)
+        At, _ = to_tall(A)
+        X = Wt.mT @ At
+        return rms(self.project(X + X.mT))
+
+    def constraint_residual(self, W: torch.Tensor) -> torch.Tensor:
+        """RMS of ``P(W^T W - C)``; for DGram the Gram is first normalized to cosines
+        (``D^-1 W^T W D^-1``) so the residual does not scale with the column norms."""
+        T, _ = to_tall(W)
+        gram = T.mT @ T
+        if self.name == "dgram":
+            d = gram.diagonal(dim1=-2, dim2=-1).clamp_min(1e-30).sqrt()
+            gram = gram / (d.unsqueeze(-1) * d.unsqueeze(-2))
+        n = gram.shape[-1]
+        return rms(self.project(gram - self.target(n, gram.dtype, gram.device)))
+
+    def tangent_dim(self, m: int, n: int) -> int:
+        """Dimension of the tangent space for an ``m x n`` weight (tall orientation)."""
+        m, n = max(m, n), min(m, n)
+        if self.name == "stiefel":
+            return m * n - n * (n + 1) // 2
+        if self.name == "dgram":
+            return m * n - n * (n - 1) // 2
+        return m * n - n
+
+
+def get_manifold(name: str, retraction: str = "paper") -> Manifold:
+    """Look a manifold up by name (``stiefel``, ``dgram``, ``oblique``)."""
+    return Manifold(name, retraction)

@@ -1,0 +1,101 @@
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from mwm.manifolds import MANIFOLDS, get_manifold, retract_dgram_svd
+
+SHAPES = [(48, 16), (32, 32), (16, 48), (3, 40, 12)]
+
+
+def on_manifold_tol(name):
+    return 5e-5 if name != "stiefel" else 5e-4  # Polar Express vs exact algebra
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("name,retraction", [("stiefel", "paper"), ("dgram", "paper"), ("dgram", "colnorm"), ("oblique", "paper")])
+def test_retraction_lands_on_manifold(shape, name, retraction):
+    torch.manual_seed(0)
+    mf = get_manifold(name, retraction)
+    W = mf.retract(torch.randn(*shape) * 0.3 + 0.1)
+    assert W.shape == torch.Size(shape)
+    assert mf.constraint_residual(W).max() < on_manifold_tol(name)
+    # retracting a point of the manifold again stays on it
+    assert mf.constraint_residual(mf.retract(W)).max() < on_manifold_tol(name)
+
+
+def test_stiefel_singular_values_are_one():
+    W = get_manifold("stiefel").init(torch.randn(64, 24))
+    s = torch.linalg.svdvals(W)
+    assert torch.allclose(s, torch.ones_like(s), atol=1e-3)
+
+
+def _dgram_point(m, n, norms, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    Q, _ = torch.linalg.qr(torch.randn(m, n, generator=g))
+    return Q * torch.tensor(norms, dtype=torch.float32)
+
+
+def test_paper_dgram_retraction_sorts_column_norms():
+    W = _dgram_point(10, 4, [0.5, 3.0, 1.0, 2.0])
+    out = get_manifold("dgram", "paper").retract(W)
+    assert torch.allclose(out.norm(dim=0), torch.tensor([3.0, 2.0, 1.0, 0.5]), atol=1e-4)
+    assert torch.allclose(out, retract_dgram_svd(W), atol=1e-4)
+
+
+@settings(max_examples=20, deadline=None)
+@given(m=st.integers(4, 60), n=st.integers(2, 30), seed=st.integers(0, 10_000),
+       lo=st.floats(-1.0, 0.5), span=st.floats(0.0, 2.0))
+def test_colnorm_retraction_fixes_points_of_dgram(m, n, seed, lo, span):
+    m = max(m, n)
+    norms = torch.logspace(lo, lo + span, n)[torch.randperm(n, generator=torch.Generator().manual_seed(seed))]
+    W = _dgram_point(m, n, norms.tolist(), seed)
+    out = get_manifold("dgram", "colnorm").retract(W)
+    assert (out - W).norm() / W.norm() < 1e-5
+    # from a nearby point it lands on DGram, keeping the column norms close
+    near = W + 1e-3 * norms.mean() * torch.randn(m, n, generator=torch.Generator().manual_seed(seed + 1))
+    back = get_manifold("dgram", "colnorm").retract(near)
+    assert get_manifold("dgram").constraint_residual(back) < 1e-5
+    assert torch.allclose(back.norm(dim=0), near.norm(dim=0), rtol=1e-4)
+
+
+def test_dgram_paper_retraction_matches_svd_reference():
+    torch.manual_seed(3)
+    W = _dgram_point(96, 32, torch.logspace(-0.5, 1.0, 32).tolist()) + 0.01 * torch.randn(96, 32)
+    ref = retract_dgram_svd(W)
+    assert (get_manifold("dgram", "paper").retract(W) - ref).norm() / ref.norm() < 1e-5
+
+
+def test_tangent_dimensions():
+    m, n = 2304, 768
+    assert get_manifold("stiefel").tangent_dim(m, n) == m * n - n * (n + 1) // 2
+    assert get_manifold("dgram").tangent_dim(m, n) == m * n - n * (n - 1) // 2
+    assert get_manifold("oblique").tangent_dim(m, n) == m * n - n
+    # DGram has exactly n more degrees of freedom than Stiefel; wide transposes
+    assert get_manifold("dgram").tangent_dim(n, m) - get_manifold("stiefel").tangent_dim(n, m) == n
+
+
+def test_projectors():
+    S = torch.arange(9.0).reshape(3, 3)
+    S = S + S.T
+    assert torch.equal(get_manifold("stiefel").project(S), S)
+    assert torch.equal(get_manifold("dgram").project(S).diagonal(), torch.zeros(3))
+    assert torch.equal(get_manifold("oblique").project(S), torch.diag(S.diagonal()))
+    assert torch.equal(get_manifold("dgram").project(S) + get_manifold("oblique").project(S), S)
+
+
+def test_tangent_violation_zero_for_tangent_vector():
+    torch.manual_seed(4)
+    mf = get_manifold("stiefel")
+    W = mf.init(torch.randn(40, 10))
+    B = torch.randn(10, 10)
+    A = W @ (B - B.T)  # W times a skew matrix is tangent to Stiefel
+    assert mf.tangent_violation(W, A) < 1e-5
+    assert mf.tangent_violation(W, W) > 0.1  # the normal direction is not
+
+
+def test_bad_manifold_name_is_clear():
+    with pytest.raises(ValueError, match="unknown manifold 'sphere'.*stiefel, dgram, oblique"):
+        get_manifold("sphere")
+    with pytest.raises(ValueError, match="unknown DGram retraction"):
+        get_manifold("dgram", "qr")
+    assert set(MANIFOLDS) == {"stiefel", "dgram", "oblique"}

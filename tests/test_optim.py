@@ -1,0 +1,178 @@
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from mwm.assignments import NAMED_ASSIGNMENTS, build_optimizers, resolve_assignment
+from mwm.dual_ascent import manifold_muon_update
+from mwm.manifolds import get_manifold
+from mwm.msign import msign
+from mwm.optim import ManifoldMuon
+
+
+class Block(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(d)
+        self.attn = nn.Module()
+        self.attn.c_attn = nn.Linear(d, 3 * d, bias=False)
+        self.attn.c_proj = nn.Linear(d, d, bias=False)
+        self.mlp = nn.Module()
+        self.mlp.c_fc = nn.Linear(d, 4 * d, bias=False)
+        self.mlp.c_proj = nn.Linear(4 * d, d, bias=False)
+
+    def forward(self, x):
+        x = self.ln_1(x)
+        x = x + self.attn.c_proj(self.attn.c_attn(x)[..., : x.shape[-1]])
+        return x + self.mlp.c_proj(torch.relu(self.mlp.c_fc(x)))
+
+
+class Tiny(nn.Module):
+    def __init__(self, d=8, layers=2, vocab=11):
+        super().__init__()
+        self.transformer = nn.Module()
+        self.transformer.wte = nn.Embedding(vocab, d)
+        self.transformer.h = nn.ModuleList([Block(d) for _ in range(layers)])
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx):
+        x = self.transformer.wte(idx)
+        for b in self.transformer.h:
+            x = b(x)
+        return self.head(x)
+
+
+def loss_of(model, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, 11, (4, 5), generator=g)
+    return nn.functional.cross_entropy(model(idx).flatten(0, 1), idx.flatten())
+
+
+def train(model, opts, steps=3):
+    for s in range(steps):
+        opts.zero_grad()
+        loss_of(model, s).backward()
+        opts.step()
+
+
+def test_named_assignments_map_attention_and_mlp():
+    model = Tiny()
+    plan = resolve_assignment(dict(model.named_parameters()), "hetero")
+    assert plan["transformer.h.0.attn.c_attn.weight"] == "stiefel"
+    assert plan["transformer.h.1.mlp.c_proj.weight"] == "dgram"
+    assert plan["transformer.wte.weight"] == "adamw"
+    assert plan["transformer.h.0.ln_1.weight"] == "adamw"
+    inv = resolve_assignment(dict(model.named_parameters()), "hetero-inv")
+    assert inv["transformer.h.0.attn.c_proj.weight"] == "dgram"
+    assert all(v == "adamw" for v in resolve_assignment(dict(model.named_parameters()), "adamw").values())
+
+
+def test_pattern_mapping_per_layer():
+    model = Tiny()
+    plan = resolve_assignment(
+        dict(model.named_parameters()),
+        {"transformer.h.0.attn.*": "stiefel", "*.mlp.c_fc.*": "oblique"},
+    )
+    assert plan["transformer.h.0.attn.c_attn.weight"] == "stiefel"
+    assert plan["transformer.h.1.attn.c_attn.weight"] == "none"
+    assert plan["transformer.h.1.mlp.c_fc.weight"] == "oblique"
+
+
+def test_unknown_assignment_and_dead_pattern_are_errors():
+    params = dict(Tiny().named_parameters())
+    with pytest.raises(ValueError, match="unknown assignment 'heter'.*hetero-inv"):
+        resolve_assignment(params, "heter")
+    with pytest.raises(ValueError, match=r"match no hidden matrix"):
+        resolve_assignment(params, {"*.attn.q_proj.*": "stiefel"})
+    with pytest.raises(ValueError, match="unknown manifold 'spd'"):
+        resolve_assignment(params, {"*.attn.*": "spd"})
+
+
+@pytest.mark.parametrize("assignment", [a for a in NAMED_ASSIGNMENTS if a != "adamw"])
+def test_constrained_weights_start_and_stay_on_manifold(assignment):
+    torch.manual_seed(0)
+    model = Tiny()
+    opts = build_optimizers(model, assignment, dual_steps=5)
+    train(model, opts)
+    for name, p in model.named_parameters():
+        mf = opts.assignment[name]
+        if mf in ("stiefel", "dgram", "oblique"):
+            assert get_manifold(mf).constraint_residual(p.detach()) < 5e-4, name
+
+
+def test_optimizer_matches_reference_math_for_one_step():
+    torch.manual_seed(1)
+    W0 = torch.randn(24, 8)
+    G = torch.randn(24, 8)
+    for mf in ["none", "stiefel", "dgram"]:
+        p = nn.Parameter(W0.clone())
+        opt = ManifoldMuon([{"params": [p], "manifold": mf}], lr=0.05, weight_decay=0.1, dual_steps=7)
+        start = p.detach().clone()
+        p.grad = G.clone()
+        opt.step()
+        u = G + 0.95 * G  # Nesterov on a fresh buffer: buf = g, u = g + mu buf
+        if mf == "none":
+            ref = start * (1 - 0.05 * 0.1) - 0.05 * msign(u)
+        else:
+            ref = manifold_muon_update(start, u, mf, eta=0.05, alpha=0.1, steps=7)
+        assert torch.allclose(p.detach(), ref, atol=1e-5), mf
+
+
+def test_banks_equal_unbatched_updates():
+    torch.manual_seed(2)
+    ws = [torch.randn(16, 6) for _ in range(3)]
+    gs = [torch.randn(16, 6) for _ in range(3)]
+    ps = [nn.Parameter(w.clone()) for w in ws]
+    opt = ManifoldMuon([{"params": ps, "manifold": "stiefel"}], dual_steps=6)
+    singles = [nn.Parameter(w.clone()) for w in ws]
+    opts1 = [ManifoldMuon([{"params": [q], "manifold": "stiefel"}], dual_steps=6) for q in singles]
+    for p, q, g in zip(ps, singles, gs):
+        p.grad, q.grad = g.clone(), g.clone()
+    opt.step()
+    for o in opts1:
+        o.step()
+    for p, q in zip(ps, singles):
+        assert torch.allclose(p, q, atol=1e-5)
+
+
+def test_state_dict_round_trip_is_exact():
+    torch.manual_seed(3)
+    model = Tiny()
+    opts = build_optimizers(model, "hetero", dual_steps=4)
+    train(model, opts, steps=2)
+    clone = copy.deepcopy(model)
+    opts2 = build_optimizers(clone, "hetero", dual_steps=4, init_on_manifold=False)
+    opts2.load_state_dict(copy.deepcopy(opts.state_dict()))
+    train(model, opts, steps=2)
+    train(clone, opts2, steps=2)
+    for (n, a), (_, b) in zip(model.named_parameters(), clone.named_parameters()):
+        assert torch.equal(a, b), n
+    sd1, sd2 = opts.state_dict(), opts2.state_dict()
+    for k, v in sd1["muon"]["state"].items():
+        assert torch.equal(v["momentum_buffer"], sd2["muon"]["state"][k]["momentum_buffer"])
+
+
+def test_nan_gradient_raises_and_writes_nothing():
+    torch.manual_seed(4)
+    model = Tiny()
+    opts = build_optimizers(model, "stiefel", dual_steps=3)
+    train(model, opts, steps=1)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    buffers = {k: v["momentum_buffer"].clone() for k, v in opts.muon.state_dict()["state"].items()}
+    opts.zero_grad()
+    loss_of(model).backward()
+    model.transformer.h[1].mlp.c_fc.weight.grad[0, 0] = float("inf")
+    with pytest.raises(FloatingPointError, match=r"transformer\.h\.1\.mlp\.c_fc\.weight.*no parameter was updated"):
+        opts.step()
+    for n, p in model.named_parameters():
+        assert torch.equal(p, before[n]), n
+    for k, v in opts.muon.state_dict()["state"].items():
+        assert torch.equal(v["momentum_buffer"], buffers[k])
+
+
+def test_non_matrix_and_bad_manifold_rejected():
+    with pytest.raises(ValueError, match="2-D weight matrices only"):
+        ManifoldMuon([{"params": [nn.Parameter(torch.ones(4))], "manifold": "stiefel", "names": ["ln.weight"]}])
+    with pytest.raises(ValueError, match="unknown manifold 'grassmann'"):
+        ManifoldMuon([{"params": [nn.Parameter(torch.ones(4, 4))], "manifold": "grassmann"}])
