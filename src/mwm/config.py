@@ -1,0 +1,135 @@
+"""Configuration: one YAML file per scale, validated against a JSON schema.
+
+Each top-level section of a config has its own schema file in
+``mwm/schema/<section>.yaml`` (owned by the stage that reads it); they are
+composed into one schema here. Validation fills in defaults, rejects unknown
+keys and wrong types, and names the offending key, value and file. Snakemake
+(``rules/common.smk``) and every ``python -m mwm...`` entry point call the same
+:func:`load_config`, so a bad config fails before any job starts.
+
+Overrides are ``dotted.key=value`` strings whose value is parsed as YAML
+(``train.max_iters=200``, ``grid.seeds=[0,1]``).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+from jsonschema import Draft202012Validator, validators
+
+__all__ = [
+    "ConfigError",
+    "SCHEMA_DIR",
+    "load_schema",
+    "validate",
+    "load_config",
+    "apply_overrides",
+    "config_hash",
+]
+
+SCHEMA_DIR = Path(__file__).with_name("schema")
+
+
+class ConfigError(ValueError):
+    """A config that does not validate; the message names file, key and value."""
+
+
+def load_schema() -> dict:
+    """The composed schema: one property per ``schema/<section>.yaml``."""
+    props = {}
+    for path in sorted(SCHEMA_DIR.glob("*.yaml")):
+        with open(path) as fh:
+            props[path.stem] = yaml.safe_load(fh)
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "name": {"type": "string", "pattern": "^[A-Za-z0-9_.-]+$",
+                     "description": "config name; results land under results/.../<name>/"},
+            **props,
+        },
+        "required": ["name"],
+    }
+
+
+def _with_defaults(cls):
+    validate_props = cls.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for key, sub in properties.items():
+                if "default" in sub and key not in instance:
+                    instance[key] = copy.deepcopy(sub["default"])
+                elif sub.get("type") == "object" and key not in instance and "properties" in sub:
+                    instance[key] = {}
+        yield from validate_props(validator, properties, instance, schema)
+
+    return validators.extend(cls, {"properties": set_defaults})
+
+
+_Validator = _with_defaults(Draft202012Validator)
+
+
+def _path(err) -> str:
+    return ".".join(str(p) for p in err.absolute_path) or "<top level>"
+
+
+def validate(cfg: dict, source: str = "<config>") -> dict:
+    """Validate ``cfg`` (a copy gets the defaults) and return it; raise ConfigError."""
+    cfg = copy.deepcopy(cfg)
+    errors = sorted(_Validator(load_schema()).iter_errors(cfg), key=lambda e: list(e.absolute_path))
+    if errors:
+        lines = []
+        for e in errors[:10]:
+            value = json.dumps(e.instance, default=str)
+            if len(value) > 80:
+                value = value[:77] + "..."
+            lines.append(f"  {_path(e)}: {e.message} (value: {value})")
+        more = f"\n  ... and {len(errors) - 10} more" if len(errors) > 10 else ""
+        raise ConfigError(f"invalid config {source}:\n" + "\n".join(lines) + more)
+    return cfg
+
+
+def apply_overrides(cfg: dict, overrides: Iterable[str], source: str = "<overrides>") -> dict:
+    """Apply ``dotted.key=value`` overrides (values parsed as YAML) to a copy."""
+    cfg = copy.deepcopy(cfg)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} from {source} is not of the form dotted.key=value")
+        key, raw = item.split("=", 1)
+        parts = key.strip().split(".")
+        node = cfg
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {p!r} is not a section")
+        node[parts[-1]] = yaml.safe_load(raw)
+    return cfg
+
+
+def load_config(path: str | Path, overrides: Iterable[str] = ()) -> dict:
+    """Read, override, default and validate a config file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    with open(path) as fh:
+        try:
+            raw = yaml.safe_load(fh) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {path} must hold a mapping at top level, got {type(raw).__name__}")
+    raw.setdefault("name", path.stem)
+    return validate(apply_overrides(raw, overrides), source=str(path))
+
+
+def config_hash(section: Any) -> str:
+    """Stable short hash of (a section of) a config, for run identities and summaries."""
+    blob = json.dumps(section, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
