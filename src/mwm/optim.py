@@ -65,6 +65,10 @@ class ManifoldMuon(torch.optim.Optimizer):
             method=method, manifold=manifold, names=None,
         )
         super().__init__(params, defaults)
+        #: set to a dict to record, at the next step, each matrix's weight and update
+        #: direction (the Nesterov momentum) under its name: {name: (W, U)}
+        self.capture: dict | None = None
+        self._rank, self._world = 0, 1
         for gi, group in enumerate(self.param_groups):
             if group["manifold"] not in MUON_MANIFOLDS:
                 raise ValueError(
@@ -117,15 +121,36 @@ class ManifoldMuon(torch.optim.Optimizer):
                     raise FloatingPointError(
                         f"{self._name(group, i)}: gradient has NaN or Inf entries; no parameter was updated"
                     )
+        bank = 0
+        pending = []
         for group in self.param_groups:
             live = [p for p in group["params"] if p.grad is not None]
             if not live:
                 continue
             for params in _by_shape(live).values():
-                self._update_bank(group, params)
+                owner = bank % self._world
+                self._update_bank(group, params, compute=owner == self._rank)
+                pending.append((owner, params))
+                bank += 1
+        if self._world > 1:
+            import torch.distributed as dist
+
+            for owner, params in pending:
+                W = torch.stack([p.detach() for p in params])
+                dist.broadcast(W, src=owner)
+                for p, w in zip(params, W):
+                    p.copy_(w)
         return loss
 
-    def _update_bank(self, group, params: list[torch.Tensor]) -> None:
+    def shard(self, rank: int, world: int) -> None:
+        """Split the banks across ``world`` processes: each computes the updates of its
+        share (bank ``k`` belongs to rank ``k % world``) and broadcasts the new weights.
+        Gradients must already agree across ranks (DDP); momentum is kept everywhere."""
+        if not 0 <= rank < world:
+            raise ValueError(f"rank {rank} outside a world of {world}")
+        self._rank, self._world = rank, world
+
+    def _update_bank(self, group, params: list[torch.Tensor], compute: bool = True) -> None:
         mu = group["momentum"]
         grads = torch.stack([_work(p.grad) for p in params])
         bufs = []
@@ -137,9 +162,15 @@ class ManifoldMuon(torch.optim.Optimizer):
         buf = torch.stack(bufs).mul_(mu).add_(grads)
         for b, new in zip(bufs, buf):
             b.copy_(new)
+        if not compute:
+            return  # another rank computes this bank's update and broadcasts it
         update_dir = grads.add(buf, alpha=mu) if group["nesterov"] else buf
         lr = group["lr"]
         W = torch.stack([_work(p) for p in params])
+        if self.capture is not None:
+            index = {id(q): i for i, q in enumerate(group["params"])}
+            for p, w, u in zip(params, W, update_dir):
+                self.capture[self._name(group, index[id(p)])] = (group["manifold"], w.clone(), u.clone())
         if group["manifold"] == "none":
             if group["weight_decay"]:
                 W.mul_(1.0 - lr * group["weight_decay"])

@@ -1,0 +1,85 @@
+"""Run identities: where a training run of (config, assignment, seed, retraction) lives.
+
+``results/runs/<config>/<variant>/seed<seed>/`` with ``variant`` the assignment
+name, suffixed ``-colnorm`` for the DGram retraction ablation. Never the clock.
+Checkpoints live beside it under ``results/checkpoints/`` (not a declared
+workflow output, so they survive a failed attempt and a retry resumes).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["RUN_FILES", "variant_name", "parse_variant", "run_dir", "checkpoint_dir", "grid_variants",
+           "uses_dgram", "assignment_spec", "check_grid"]
+
+#: The files every finished run has (what the workflow declares as outputs).
+RUN_FILES = ("summary.json", "metrics.csv", "eval.csv", "spectral.csv", "attention.csv")
+
+
+def uses_dgram(assignment: str, custom: dict | None = None) -> bool:
+    if custom and assignment in custom:
+        return "dgram" in custom[assignment].values()
+    return assignment in ("dgram", "hetero", "hetero-inv")
+
+
+def assignment_spec(grid: dict, name: str):
+    """The assignment a grid name stands for: a named one, or a custom pattern mapping."""
+    from .assignments import NAMED_ASSIGNMENTS
+    from .config import ConfigError
+
+    custom = grid.get("custom", {})
+    if name in custom:
+        return dict(custom[name])
+    if name in NAMED_ASSIGNMENTS:
+        return name
+    raise ConfigError(
+        f"grid.assignments: unknown assignment {name!r}; choose one of {', '.join(NAMED_ASSIGNMENTS)} "
+        f"or define it under grid.custom (defined: {', '.join(custom) or 'none'})"
+    )
+
+
+def check_grid(grid: dict) -> None:
+    """Raise ConfigError for grid names that are neither named nor custom, or clash."""
+    from .assignments import NAMED_ASSIGNMENTS
+    from .config import ConfigError
+
+    clash = sorted(set(grid.get("custom", {})) & set(NAMED_ASSIGNMENTS))
+    if clash:
+        raise ConfigError(f"grid.custom redefines the named assignment(s) {clash}")
+    bad = [c for c in grid.get("custom", {}) if c.endswith("-colnorm")]
+    if bad:
+        raise ConfigError(f"grid.custom names may not end in -colnorm (reserved for the ablation): {bad}")
+    for name in grid["assignments"]:
+        assignment_spec(grid, name)
+
+
+def variant_name(assignment: str, retraction: str = "paper", custom: dict | None = None) -> str:
+    if retraction == "paper" or not uses_dgram(assignment, custom):
+        return assignment
+    return f"{assignment}-{retraction}"
+
+
+def parse_variant(variant: str) -> tuple[str, str]:
+    """Inverse of :func:`variant_name`: ``(assignment, retraction)``."""
+    if variant.endswith("-colnorm"):
+        return variant[: -len("-colnorm")], "colnorm"
+    return variant, "paper"
+
+
+def run_dir(root: str | Path, config_name: str, variant: str, seed: int) -> Path:
+    return Path(root) / "runs" / config_name / variant / f"seed{seed}"
+
+
+def checkpoint_dir(root: str | Path, config_name: str, variant: str, seed: int) -> Path:
+    return Path(root) / "checkpoints" / config_name / variant / f"seed{seed}"
+
+
+def grid_variants(grid: dict) -> list[str]:
+    """Every variant the config trains: its assignments, plus colnorm copies of the
+    DGram-using ones when ``retraction_ablation`` is on."""
+    out = list(grid["assignments"])
+    if grid.get("retraction_ablation"):
+        out += [variant_name(a, "colnorm", grid.get("custom")) for a in grid["assignments"]
+                if uses_dgram(a, grid.get("custom"))]
+    return out

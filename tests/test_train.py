@@ -1,0 +1,208 @@
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import fakedata
+from mwm.config import load_config
+from mwm.model import GPT, GPT2_SMALL_PARAMS, GPTConfig
+from mwm.train import EXIT_PREEMPTED, Run, main
+
+TESTS = Path(__file__).parent
+LOSS_COLS = ("step", "train_loss", "lr", "muon_lr")
+
+
+@pytest.fixture(autouse=True)
+def fake_data(monkeypatch):
+    monkeypatch.setattr("mwm.train.resolve_data", lambda cfg: fakedata.FakeData())
+
+
+def run_inprocess(tmp_path, assignment="hetero", seed=0, out="out", **over):
+    cfg_path = fakedata.write_config(tmp_path / "tiny.yaml", **over)
+    rc = main(["--config", str(cfg_path), "--assignment", assignment, "--seed", str(seed),
+               "--out", str(tmp_path / out)])
+    return rc, tmp_path / out / "runs" / "tiny" / assignment / f"seed{seed}"
+
+
+def csv_cols(path, cols):
+    import csv
+
+    with open(path) as fh:
+        return [tuple(r[c] for c in cols) for r in csv.DictReader(fh)]
+
+
+def test_gpt2_small_has_gpt2_parameter_count():
+    model = GPT(GPTConfig(vocab_size=50257, block_size=1024, bias=True))
+    assert model.num_params() == GPT2_SMALL_PARAMS
+
+
+def test_run_writes_documented_outputs(tmp_path):
+    rc, d = run_inprocess(tmp_path, train__capture_pairs_step=5)
+    assert rc == 0
+    s = json.loads((d / "summary.json").read_text())
+    assert s["status"] == "completed" and s["steps_done"] == 12
+    assert math.isfinite(s["final_val_loss"]) and s["best_val_loss"] <= s["final_val_loss"] + 1e-9
+    assert 0 < s["optimizer_share"] < 1 and s["n_params"] > 0 and len(s["config_hash"]) == 16
+    assert [r[0] for r in csv_cols(d / "eval.csv", ["step"])] == ["0", "4", "8", "12"]
+    assert len(csv_cols(d / "metrics.csv", ["step"])) == 12
+    spec = csv_cols(d / "spectral.csv", ["step", "matrix", "manifold", "sigma_max"])
+    # 2 layers x (4 hidden matrices + W_Q, W_K, W_V) x 4 evaluations
+    assert len(spec) == 2 * 7 * 4
+    stiefel = [float(r[3]) for r in spec if r[2] == "stiefel" and r[1] in ("c_attn", "c_proj")]
+    assert stiefel and all(abs(x - 1) < 1e-3 for x in stiefel)
+    att = csv_cols(d / "attention.csv", ["layer", "head", "jac_fro_mean", "entropy_mean"])
+    assert len(att) == 2 * 2 * 4
+    assert all(0 <= float(r[2]) <= 0.5 + 1e-9 for r in att)
+    assert sorted(p.name for p in (d / "spectra").iterdir())[-1] == "step_000012.npz"
+    pairs = __import__("numpy").load(d / "pairs.npz")
+    assert len(pairs["names"]) == 8 and pairs["W_0"].shape == pairs["G_0"].shape
+
+
+def test_same_config_gives_identical_metrics(tmp_path):
+    _, a = run_inprocess(tmp_path, out="a")
+    _, b = run_inprocess(tmp_path, out="b")
+    assert csv_cols(a / "metrics.csv", LOSS_COLS) == csv_cols(b / "metrics.csv", LOSS_COLS)
+    assert (a / "eval.csv").read_text() == (b / "eval.csv").read_text()
+
+
+def test_seeds_differ_but_eval_batches_are_shared(tmp_path):
+    _, a = run_inprocess(tmp_path, seed=0)
+    _, b = run_inprocess(tmp_path, seed=1)
+    ea, eb = csv_cols(a / "eval.csv", ["val_loss"]), csv_cols(b / "eval.csv", ["val_loss"])
+    assert ea != eb
+    cfg = load_config(fakedata.write_config(tmp_path / "c.yaml"))
+    r0 = Run(cfg, "none", 0, "paper", tmp_path / "x")
+    r1 = Run(cfg, "none", 1, "paper", tmp_path / "x")
+    assert torch.equal(r0.eval_ix["val"], r1.eval_ix["val"]) and torch.equal(r0.probe, r1.probe)
+
+
+def test_divergence_rule(tmp_path):
+    cfg = load_config(fakedata.write_config(tmp_path / "c.yaml", train__divergence={"threshold": 0.5, "patience": 2}))
+    run = Run(cfg, "none", 0, "paper", tmp_path / "x")
+    for step, val in [(0, 3.0), (4, 2.0), (8, 2.6), (12, 2.4), (16, 2.7), (20, 2.8)]:
+        run.step = step
+        stop = run.check_divergence(val)
+    assert run.status == "unstable" and run.onset == 16 and stop is False
+    cfg2 = load_config(fakedata.write_config(tmp_path / "c2.yaml", train__divergence={"stop": True, "patience": 1}))
+    run2 = Run(cfg2, "none", 0, "paper", tmp_path / "y")
+    run2.step = 0
+    assert run2.check_divergence(3.0) is False
+    run2.step = 4
+    assert run2.check_divergence(float("nan")) is True and run2.onset == 4
+
+
+def test_exploding_run_is_marked_unstable_and_exits_zero(tmp_path):
+    rc, d = run_inprocess(tmp_path, assignment="dgram",
+                          train__learning_rate=50.0, train__muon_lr=500.0, train__grad_clip=0.0,
+                          train__divergence={"threshold": 0.1, "patience": 1})
+    assert rc == 0
+    s = json.loads((d / "summary.json").read_text())
+    assert s["status"] == "unstable" and s["onset_step"] is not None
+
+
+def test_bad_input_fails_before_writing(tmp_path, capsys):
+    rc, d = run_inprocess(tmp_path, assignment="heter")
+    assert rc == 2 and not d.exists()
+    assert "unknown assignment 'heter'" in capsys.readouterr().err
+    cfg = fakedata.write_config(tmp_path / "bad.yaml", train__lerning_rate=0.1)
+    assert main(["--config", str(cfg), "--assignment", "none", "--seed", "0", "--out", str(tmp_path / "o")]) == 2
+    assert "lerning_rate" in capsys.readouterr().err
+    rc, d = run_inprocess(tmp_path, model__vocab_size=10)
+    assert rc == 2 and "vocab_size=10" in capsys.readouterr().err
+    rc, d = run_inprocess(tmp_path, assignment="mine", grid__custom={"mine": {"*.attn.q_proj.*": "stiefel"}},
+                          grid__assignments=["mine"])
+    assert rc == 2 and "match no hidden matrix" in capsys.readouterr().err and not d.exists()
+
+
+def test_custom_pattern_assignment(tmp_path):
+    rc, d = run_inprocess(tmp_path, assignment="l0",
+                          grid__custom={"l0": {"transformer.h.0.attn.*": "stiefel", "*.mlp.*": "dgram"}})
+    assert rc == 0
+    rows = csv_cols(d / "spectral.csv", ["name", "manifold"])
+    got = dict(rows)
+    assert got["transformer.h.0.attn.c_attn.weight"] == "stiefel"
+    assert got["transformer.h.1.attn.c_attn.weight"] == "none"
+    assert got["transformer.h.1.mlp.c_fc.weight"] == "dgram"
+
+
+# ------------------------------------------------------------------ subprocess: kill and resume
+CHILD = (
+    "import sys; sys.path.insert(0, {tests!r}); import fakedata; fakedata.patch()\n"
+    "from mwm.train import main; sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+def child(cfg, out, assignment="hetero"):
+    script = Path(cfg).parent / "child_train.py"
+    script.write_text(CHILD.format(tests=str(TESTS)))
+    return [sys.executable, str(script), "--config", str(cfg), "--assignment", assignment, "--seed", "0",
+            "--out", str(out)]
+
+
+def wait_for(pred, proc, timeout=120):
+    t0 = time.time()
+    while not pred():
+        if proc.poll() is not None:
+            raise AssertionError(f"child exited early with {proc.returncode}")
+        if time.time() - t0 > timeout:
+            proc.kill()
+            raise AssertionError("timed out")
+        time.sleep(0.05)
+
+
+def metric_rows(d):
+    return csv_cols(d / "metrics.csv", LOSS_COLS)
+
+
+@pytest.mark.parametrize("how", ["sigkill", "sigterm"])
+def test_interrupted_run_resumes_bit_for_bit(tmp_path, how):
+    cfg = fakedata.write_config(tmp_path / "tiny.yaml", train__max_iters=24, train__lr_decay_iters=24,
+                                train__checkpoint_interval=4, train__eval_interval=8)
+    ref_out, out = tmp_path / "ref", tmp_path / "cut"
+    assert subprocess.run(child(cfg, ref_out), capture_output=True).returncode == 0
+    proc = subprocess.Popen(child(cfg, out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ck = out / "checkpoints" / "tiny" / "hetero" / "seed0" / "ckpt.pt"
+    d = out / "runs" / "tiny" / "hetero" / "seed0"
+    wait_for(lambda: ck.exists() and (d / "metrics.csv").exists()
+             and len((d / "metrics.csv").read_text().splitlines()) > 10, proc)
+    if how == "sigkill":
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    else:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == EXIT_PREEMPTED
+    assert not (d / "summary.json").exists()
+    done = subprocess.run(child(cfg, out), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "resumed from" in done.stdout
+    ref_d = ref_out / "runs" / "tiny" / "hetero" / "seed0"
+    assert metric_rows(d) == metric_rows(ref_d)
+    assert (d / "eval.csv").read_text() == (ref_d / "eval.csv").read_text()
+    a = torch.load(d / "final.pt")
+    b = torch.load(ref_d / "final.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_two_ranks_equal_one_rank(tmp_path):
+    cfg1 = fakedata.write_config(tmp_path / "one.yaml", train__grad_accum=2, train__max_iters=4,
+                                 train__lr_decay_iters=4, train__eval_interval=4)
+    cfg2 = fakedata.write_config(tmp_path / "two.yaml", train__grad_accum=1, train__max_iters=4,
+                                 train__lr_decay_iters=4, train__eval_interval=4)
+    assert subprocess.run(child(cfg1, tmp_path / "r1"), capture_output=True).returncode == 0
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"] + child(cfg2, tmp_path / "r2")[1:]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    a = torch.load(tmp_path / "r1" / "runs" / "tiny" / "hetero" / "seed0" / "final.pt")
+    b = torch.load(tmp_path / "r2" / "runs" / "tiny" / "hetero" / "seed0" / "final.pt")
+    for k in a:
+        assert torch.allclose(a[k], b[k], atol=2e-5, rtol=1e-4), k
+    s = json.loads((tmp_path / "r2" / "runs" / "tiny" / "hetero" / "seed0" / "summary.json").read_text())
+    assert s["world_size"] == 2
