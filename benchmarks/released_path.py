@@ -54,3 +54,24 @@ def released_step(weights, grads, bufs, manifolds, lr, momentum=0.95, weight_dec
         else:
             out.append(released_manifold_muon(W, u, lr, alpha, steps, name))
     return out
+
+
+class ReleasedMuon(torch.optim.Optimizer):
+    """The released optimizer loop: one matrix at a time (benchmark baseline only)."""
+
+    def __init__(self, groups, lr=0.02, momentum=0.95, weight_decay=0.1, alpha=0.1, steps=20):
+        super().__init__(groups, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, alpha=alpha,
+                                      steps=steps, manifold="none"))
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if "buf" not in state:
+                    state["buf"] = torch.zeros_like(p.grad)
+                new = released_step([p.detach()], [p.grad], [state["buf"]], [group["manifold"]], group["lr"],
+                                    group["momentum"], group["weight_decay"], group["alpha"], group["steps"])[0]
+                p.copy_(new)

@@ -30,7 +30,7 @@ TINY = {
     "model": {"n_layer": 2, "n_head": 2, "n_embd": 16, "block_size": 16},
     "train": {"batch_size": 4, "max_iters": 12, "eval_interval": 4, "eval_iters": 2, "checkpoint_interval": 4,
               "dual_ascent_steps": 3, "warmup_iters": 2, "lr_decay_iters": 12, "probe_batch": 2,
-              "log_interval": 4, "threads": 1},
+              "log_interval": 4},
 }
 
 

@@ -130,8 +130,6 @@ class Run:
         self.ckpt_dir = checkpoint_dir(out_root, cfg["name"], self.variant, seed)
         self.ckpt_path = self.ckpt_dir / "ckpt.pt"
         tc = self.tc
-        if tc["threads"]:
-            torch.set_num_threads(tc["threads"])
         dev = tc["device"]
         if dev == "auto":
             dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -481,6 +479,7 @@ def main(argv=None) -> int:
     ap.add_argument("--retraction", choices=["paper", "colnorm"], default=None,
                     help="DGram retraction (default: train.dgram_retraction of the config)")
     ap.add_argument("--out", default="results", help="results root (default: results)")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     ap.add_argument("overrides", nargs="*", help="config overrides, dotted.key=value")
     args = ap.parse_args(argv)
     try:
@@ -492,6 +491,8 @@ def main(argv=None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
     return train(cfg, assignment, args.seed, retraction, args.out)
 
 

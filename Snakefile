@@ -1,0 +1,23 @@
+# Rebuild of "Different Layers, Different Manifolds" (module-wise Manifold Muon).
+#   snakemake --cores 2 all                           embedded default (config/config.yaml)
+#   snakemake --cores 2 --configfile config/ci.yaml   reduced config
+#   snakemake --profile slurm all                     paper scale on a SLURM GPU cluster
+from snakemake.utils import min_version
+
+min_version("8.0")
+
+if not workflow.overwrite_configfiles:
+
+    configfile: "config/config.yaml"
+
+
+include: "rules/common.smk"
+include: "rules/data.smk"
+#STUDIES
+include: "rules/train.smk"
+#REPORT
+
+
+rule all:
+    input:
+        all_targets(),

@@ -1,0 +1,89 @@
+# Helpers shared by the rules, and validation of the config before any job starts.
+import os
+
+from snakemake.exceptions import WorkflowError
+
+from mwm.config import ConfigError, load_config
+from mwm.data import dataset_dir
+from mwm.runs import RUN_FILES, check_grid, grid_variants
+
+# The file the entry points read: the last --configfile, else the default.
+CONFIG_FILE = str(
+    workflow.overwrite_configfiles[-1] if workflow.overwrite_configfiles else "config/config.yaml"
+)
+
+
+def _load():
+    try:
+        cfg = load_config(CONFIG_FILE)
+        check_grid(cfg["grid"])
+    except ConfigError as exc:
+        raise WorkflowError(str(exc))
+    if validated_snakemake_config() != cfg:
+        raise WorkflowError(
+            "--config overrides are not supported: the entry points read the config file itself. "
+            f"Put the settings in a config file and pass --configfile (read: {CONFIG_FILE})"
+        )
+    return cfg
+
+
+def validated_snakemake_config():
+    try:
+        from mwm.config import validate
+
+        raw = dict(config)
+        raw.setdefault("name", os.path.splitext(os.path.basename(CONFIG_FILE))[0])
+        return validate(raw, source=f"{CONFIG_FILE} (as Snakemake merged it)")
+    except ConfigError as exc:
+        raise WorkflowError(str(exc))
+
+
+CFG = _load()
+NAME = CFG["name"]
+DATA = str(dataset_dir(CFG["data"]))
+DATA_FILES = [f"{DATA}/train.bin", f"{DATA}/val.bin", f"{DATA}/meta.json"]
+VARIANTS = grid_variants(CFG["grid"])
+SEEDS = CFG["grid"]["seeds"]
+RUNS = f"results/runs/{NAME}"
+STUDIES = f"results/studies/{NAME}"
+LOGS = f"logs/{NAME}"
+
+# Site settings for SLURM come from the environment, never from this repository.
+SITE = {
+    key: value
+    for key, value in (
+        ("slurm_partition", os.environ.get("MWM_SLURM_PARTITION")),
+        ("slurm_account", os.environ.get("MWM_SLURM_ACCOUNT")),
+    )
+    if value
+}
+
+
+def res(stage):
+    """Resources of a stage from the config's workflow section (gpu only when > 0)."""
+    r = dict(CFG["workflow"]["resources"][stage])
+    out = {"mem_mb": r["mem_mb"], "runtime": r["runtime"], **SITE}
+    if r["gpu"]:
+        out["gpu"] = r["gpu"]
+    return out
+
+
+def threads(stage):
+    return CFG["workflow"]["resources"][stage]["threads"]
+
+
+def run_files(variant="{variant}", seed="{seed}"):
+    return {f.split(".")[0]: f"{RUNS}/{variant}/seed{seed}/{f}" for f in RUN_FILES}
+
+
+def all_runs():
+    return [f"{RUNS}/{v}/seed{s}/{f}" for v in VARIANTS for s in SEEDS for f in RUN_FILES]
+
+
+wildcard_constraints:
+    variant=r"[A-Za-z0-9_.]+(-[A-Za-z0-9_.]+)*",
+    seed=r"\d+",
+
+
+def all_targets():
+    return all_runs()

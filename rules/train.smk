@@ -1,0 +1,25 @@
+# Training: one job per (assignment variant, seed). A job cut by a time limit or
+# preemption exits with 75 after a checkpoint (kept outside the declared outputs,
+# under results/checkpoints/); the retry resumes from it.
+
+
+rule train:
+    input:
+        DATA_FILES,
+    output:
+        **run_files(),
+    params:
+        config=CONFIG_FILE,
+        train=CFG["train"],
+        model=CFG["model"],
+    log:
+        f"{LOGS}/train/{{variant}}/seed{{seed}}.log",
+    threads: threads("train")
+    resources:
+        **res("train"),
+    retries: CFG["workflow"]["retries"]
+    conda:
+        "../envs/mwm.yaml"
+    shell:
+        "python -m mwm.train --config {params.config} --assignment {wildcards.variant} "
+        "--seed {wildcards.seed} --threads {threads} --out results > {log} 2>&1"
