@@ -66,10 +66,16 @@ def test_tolerance_stops_early():
     assert res.violations[-1] < 1e-3
 
 
-def test_choose_method():
-    assert choose_method(3072, 768) == "gram"
-    assert choose_method(768, 768) == "direct"
-    assert choose_method(768, 3072) == "gram"
+def test_auto_is_direct_and_stays_bounded_on_low_rank_momentum():
+    # A nearly low-rank momentum made the Gram order blow ||A||_2 up to ~17 (msign: ~700);
+    # the default order must keep ||A||_2 <= 1.
+    assert choose_method(3072, 768) == "direct"
+    g = torch.Generator().manual_seed(7)
+    W = get_manifold("stiefel").init(torch.randn(288, 96, generator=g))
+    G = torch.randn(288, 2, generator=g) @ torch.randn(2, 96, generator=g) + 1e-3 * torch.randn(288, 96, generator=g)
+    for name in ("stiefel", "dgram"):
+        A = dual_ascent(W, G, name, steps=20).A
+        assert torch.linalg.matrix_norm(A, 2) <= 1 + 1e-3
 
 
 @pytest.mark.parametrize("name,retraction", [("stiefel", "paper"), ("dgram", "paper"), ("dgram", "colnorm"), ("oblique", "paper")])
@@ -102,3 +108,26 @@ def test_bad_inputs_raise_clear_errors():
         dual_ascent(W, G, "hyperbolic")
     with pytest.raises(ValueError, match="snapshot"):
         dual_ascent(W, G, steps=5, snapshots=[6])
+
+
+@pytest.mark.parametrize("name", ["stiefel", "dgram"])
+def test_tensor_alpha_equals_separate_scalar_runs(name):
+    W, G = pair(24, 24, name, batch=(3,), seed=5)
+    alphas = torch.tensor([0.01, 0.1, 0.3])
+    res = dual_ascent(W, G, name, alpha=alphas, steps=25, record_violations=True, snapshots=[10])
+    for i, a in enumerate(alphas.tolist()):
+        single = dual_ascent(W[i], G[i], name, alpha=a, steps=25, record_violations=True, snapshots=[10])
+        assert torch.allclose(res.A[i], single.A, atol=2e-5)
+        assert torch.allclose(res.snapshots[10][i], single.snapshots[10], atol=2e-5)
+        assert torch.allclose(res.violations[:, i], single.violations, rtol=1e-3, atol=1e-7)
+    # the alphas really differ in effect, and a 0-dim tensor acts as the float (a float64
+    # tensor: a float32 0.1 is another alpha, and square problems amplify that 1e-8 change)
+    assert not torch.allclose(res.A[0], res.A[2], atol=1e-3)
+    zero_dim = dual_ascent(W, G, name, alpha=torch.tensor(0.1, dtype=torch.float64), steps=25).A
+    assert torch.equal(zero_dim, dual_ascent(W, G, name, alpha=0.1, steps=25).A)
+
+
+def test_tensor_alpha_batch_mismatch_is_named():
+    W, G = pair(8, 8, batch=(4,))
+    with pytest.raises(ValueError, match=r"alpha of shape \(3,\)"):
+        dual_ascent(W, G, alpha=torch.tensor([0.1, 0.2, 0.3]))

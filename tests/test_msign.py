@@ -61,3 +61,9 @@ def test_msign_rejects_vectors_and_bf16_on_cpu():
         msign(torch.randn(5))
     with pytest.raises(ValueError, match="GPU"):
         msign(torch.randn(4, 4), dtype=torch.bfloat16)
+
+
+def test_default_msign_is_bounded_on_nearly_low_rank_input():
+    g = torch.Generator().manual_seed(3)
+    G = torch.randn(300, 2, generator=g) @ torch.randn(2, 100, generator=g) + 1e-3 * torch.randn(300, 100, generator=g)
+    assert torch.linalg.matrix_norm(msign(G), 2) <= 1 + 1e-3

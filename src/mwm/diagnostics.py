@@ -8,8 +8,8 @@ rows that have at least two keys:
 
 - ``logit_range_max`` / ``logit_range_mean``: ``Delta z = max z - min z`` per row;
 - ``entropy_mean``: mean attention entropy (nats);
-- ``jac_fro_mean`` / ``jac_fro_min``: Frobenius norm of ``diag(s) - s s^T`` per row,
-  from the identity ``||J||_F^2 = ||s||_2^2 - 2 ||s||_3^3 + ||s||_2^4``;
+- ``jac_fro_mean`` / ``jac_fro_min``: Frobenius norm of ``diag(s) - s s^T`` per row
+  (:func:`softmax_jacobian_fro`, accurate for saturated rows too);
 - ``frac_saturated``: share of rows whose largest probability exceeds 0.99;
 - ``qk_spectral_norm``: ``||W_Q^h W_K^h^T||_2`` of the head.
 """
@@ -78,10 +78,20 @@ def spectral_stats(model: torch.nn.Module, assignment: dict[str, str], step: int
 
 
 def softmax_jacobian_fro(s: torch.Tensor) -> torch.Tensor:
-    """``||diag(s) - s s^T||_F`` along the last dimension, via the closed form."""
-    s2 = s.square().sum(-1)
-    s3 = s.pow(3).sum(-1)
-    return (s2 - 2 * s3 + s2.square()).clamp_min(0).sqrt()
+    """``||diag(s) - s s^T||_F`` along the last dimension, without cancellation.
+
+    ``||J||_F^2 = sum_i s_i^2 (1 - s_i)^2 + sum_i s_i^2 sum_{j != i} s_j^2``; for the
+    largest entry ``1 - s_i`` and ``sum_{j != i} s_j^2`` are summed from the other
+    entries instead of subtracted, so a saturated row keeps its true (tiny) norm
+    (the closed form ``||s||^2 - 2||s||_3^3 + ||s||^4`` bottoms out near 1e-8).
+    """
+    top = s.argmax(-1, keepdim=True)
+    is_top = torch.zeros_like(s, dtype=torch.bool).scatter_(-1, top, True)
+    rest = s.masked_fill(is_top, 0.0)
+    one_minus = torch.where(is_top, rest.sum(-1, keepdim=True), 1.0 - s)
+    sq = s.square()
+    others_sq = torch.where(is_top, rest.square().sum(-1, keepdim=True), sq.sum(-1, keepdim=True) - sq)
+    return (sq * one_minus.square() + sq * others_sq).sum(-1).sqrt()
 
 
 @torch.no_grad()

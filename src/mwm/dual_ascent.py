@@ -26,9 +26,11 @@ Two evaluation orders give the same numbers (up to float32 rounding):
     ``M = G + 2 W S`` has ``M^T M = C + 2 (K^T S + S K) + 4 S D S`` and
     ``W^T M = K + 2 D S``; Polar Express runs on ``M^T M`` and returns ``Q`` with
     ``msign(M) = M Q``, so ``W^T A = (W^T M) Q``. ``A`` itself (``m x n``) is only
-    formed at the end and at snapshots. Cheaper once ``m`` is about ``1.5 n``.
+    formed at the end and at snapshots. Cheaper once ``m`` is about ``1.5 n``,
+    but unstable in float32 for ill-conditioned ``M`` (nearly low-rank momentum):
+    opt-in only.
 
-``method="auto"`` picks the cheaper one from a flop count.
+``method="auto"`` is ``direct``.
 """
 
 from __future__ import annotations
@@ -62,15 +64,40 @@ class DualAscentResult:
 
 
 def choose_method(m: int, n: int, msign_steps: int = DEFAULT_STEPS) -> str:
-    """Cheaper evaluation order for a tall ``m x n`` problem, by flop count per iteration."""
-    m, n = max(m, n), min(m, n)
-    direct = msign_steps * (2 * m * n * n + n**3) + 2 * m * n * n  # msign, W S, W^T A
-    gram = (4 * msign_steps - 2) * n**3 + 5 * n**3  # Polar Express on n x n, M^T M, (W^T M) Q
-    return "gram" if gram < direct else "direct"
+    """The evaluation order ``auto`` uses: always ``direct``.
+
+    The ``gram`` order costs fewer flops once ``m`` exceeds about ``1.5 n``
+    (``(4 steps + 3) n^3`` against ``steps (2 m n^2 + n^3) + 4 m n^2`` an iteration)
+    but is unstable in float32 when ``M = G + 2 W S`` is ill-conditioned, which a
+    nearly low-rank momentum makes it (rank-2 G: ``||A||_2 = 17`` instead of 1).
+    It stays available as ``method="gram"`` for well-conditioned experiments.
+    """
+    return "direct"
 
 
 def _as_manifold(manifold: Manifold | str) -> Manifold:
     return manifold if isinstance(manifold, Manifold) else get_manifold(manifold)
+
+
+def _alpha_factor(alpha, W: torch.Tensor):
+    """``alpha`` as used in the loop: the float itself, or a float64 tensor of shape
+    ``(*batch, 1, 1)`` for a per-matrix step size (``alpha`` of shape ``(*batch,)``
+    or any shape broadcastable to it)."""
+    if not isinstance(alpha, torch.Tensor):
+        return float(alpha)
+    a = alpha.detach().to(device=W.device, dtype=torch.float64)
+    if not bool(torch.isfinite(a).all()):
+        raise ValueError("alpha has NaN or Inf entries")
+    if a.ndim == 0:
+        return a
+    batch = tuple(W.shape[:-2])
+    try:
+        ok = torch.broadcast_shapes(tuple(a.shape), batch) == batch
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ValueError(f"tensor alpha of shape {tuple(a.shape)} does not broadcast to the batch shape {batch}")
+    return a[..., None, None]
 
 
 def _check_inputs(W: torch.Tensor, G: torch.Tensor) -> None:
@@ -97,6 +124,11 @@ def dual_ascent(
 ) -> DualAscentResult:
     """Run dual ascent on ``W``, ``G`` of shape ``(..., m, n)`` (tall or wide).
 
+    ``alpha`` is a float, or a tensor of shape ``(*batch,)`` (broadcastable to the
+    batch) giving each matrix its own step size; the decayed step
+    ``alpha (1 - t/steps)`` is formed in float64 and rounded to the work dtype, so
+    a tensor entry gives the same step as the equal float.
+
     ``tol`` stops once every matrix of the batch has ``||H||_RMS < tol`` (the
     direction of that iteration is returned, as the released code does).
     """
@@ -106,6 +138,7 @@ def dual_ascent(
     if method not in METHODS:
         raise ValueError(f"unknown dual ascent method {method!r}; choose one of {', '.join(METHODS)}")
     mf = _as_manifold(manifold)
+    alpha_f = _alpha_factor(alpha, W)
     snaps = sorted(set(int(t) for t in snapshots))
     for t in snaps:
         if not 1 <= t <= steps:
@@ -149,7 +182,10 @@ def dual_ascent(
             out_snaps[it] = A if A is not None else (Gt + 2.0 * (Wt @ S)) @ Q
         if tol is not None and bool((viol < tol).all()):
             break
-        Lam = Lam - (alpha * (1.0 - t / steps)) * H
+        step_size = alpha_f * (1.0 - t / steps)
+        if isinstance(step_size, torch.Tensor):
+            step_size = step_size.to(H.dtype)
+        Lam = Lam - step_size * H
     if A is None:
         A = (Gt + 2.0 * (Wt @ S)) @ Q
 
