@@ -13,9 +13,9 @@ if not workflow.overwrite_configfiles:
 
 include: "rules/common.smk"
 include: "rules/data.smk"
-#STUDIES
+include: "rules/studies.smk"
 include: "rules/train.smk"
-#REPORT
+include: "rules/report.smk"
 
 
 rule all:

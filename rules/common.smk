@@ -73,7 +73,12 @@ def threads(stage):
 
 
 def run_files(variant="{variant}", seed="{seed}"):
-    return {f.split(".")[0]: f"{RUNS}/{variant}/seed{seed}/{f}" for f in RUN_FILES}
+    files = {f.split(".")[0]: f"{RUNS}/{variant}/seed{seed}/{f}" for f in RUN_FILES}
+    if CFG["train"]["keep_final_checkpoint"]:
+        files["final"] = f"{RUNS}/{variant}/seed{seed}/final.pt"
+    if CFG["train"]["capture_pairs_step"] is not None:
+        files["pairs"] = f"{RUNS}/{variant}/seed{seed}/pairs.npz"
+    return files
 
 
 def all_runs():
@@ -86,4 +91,4 @@ wildcard_constraints:
 
 
 def all_targets():
-    return all_runs()
+    return [f"paper_figures/{NAME}"]

@@ -14,6 +14,7 @@ Overrides are ``dotted.key=value`` strings whose value is parsed as YAML
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -39,8 +40,17 @@ class ConfigError(ValueError):
     """A config that does not validate; the message names file, key and value."""
 
 
+@functools.lru_cache(maxsize=1)
+def _schema_cached() -> str:
+    return json.dumps(_compose_schema())
+
+
 def load_schema() -> dict:
-    """The composed schema: one property per ``schema/<section>.yaml``."""
+    """The composed schema: one property per ``schema/<section>.yaml`` (read once)."""
+    return json.loads(_schema_cached())
+
+
+def _compose_schema() -> dict:
     props = {}
     for path in sorted(SCHEMA_DIR.glob("*.yaml")):
         with open(path) as fh:

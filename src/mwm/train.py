@@ -223,10 +223,26 @@ class Run:
         if self.master:
             atomic_torch_save(self.ckpt_path, self.state())
 
+    def _logs_reach(self, step: int) -> bool:
+        """Whether metrics.csv holds every step below ``step`` (so a resume can continue it)."""
+        from .io import read_csv_rows
+
+        path = self.dir / "metrics.csv"
+        if not path.exists():
+            return False
+        try:
+            steps = [int(r["step"]) for r in read_csv_rows(path)]
+        except (KeyError, ValueError):
+            return False
+        return set(range(step)) <= set(steps)
+
     def try_resume(self) -> int:
         if not self.ckpt_path.exists():
             return 0
         ck = torch.load(self.ckpt_path, map_location=self.device, weights_only=False)
+        if not self._logs_reach(ck["step"]):
+            self.log(f"checkpoint at step {ck['step']} but the run's logs do not reach it; starting afresh")
+            return 0
         if ck["config_hash"] != config_hash(self._identity()):
             raise ConfigError(
                 f"checkpoint {self.ckpt_path} belongs to a different configuration; "
@@ -429,10 +445,11 @@ class Run:
             self.log(f"non-finite values: {exc}")
             self._mark_unstable(self.step)
             stopped = True
-        self.save_checkpoint()
         if self.master and tc["keep_final_checkpoint"]:
             atomic_torch_save(self.dir / "final.pt", self.model.state_dict())
         self.write_summary()
+        if self.master and self.ckpt_path.exists():
+            self.ckpt_path.unlink()  # the run is complete: nothing left to resume
         self.log(f"done: status {self.status}" + (" (stopped at onset)" if stopped else ""))
         return 0
 

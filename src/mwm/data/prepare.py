@@ -1,0 +1,248 @@
+"""``prepare``: a corpus to ``train.bin``, ``val.bin`` and ``meta.json``, atomically.
+
+Everything is written into a temporary folder inside the output folder and moved
+into place (``os.replace``) only once every check has passed, bins first and
+``meta.json`` last; on any error the existing outputs are left as they were. Before
+any work the output folder is checked: one that holds bins made with another
+tokenizer or vocabulary (or bins without a ``meta.json``) is refused unless
+``force`` is given.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .. import __version__
+from ..config import config_hash
+from . import vocab as vocab_mod
+from .corpora import UNIT_CHARS, Source, make_source
+from .encode import DTYPE, encode_units
+from .errors import DataError
+from .reader import FORMAT, FORMAT_VERSION, SPLITS, sha256_file
+from .spec import content, dataset_dir, normalize
+from .tokenizer import tokenizer_info
+
+__all__ = ["prepare", "check_out_dir"]
+
+
+def _stderr(msg: str) -> None:
+    print(f"mwm.data: {msg}", file=sys.stderr, flush=True)
+
+
+def _usable_cpus() -> int:
+    """CPUs this process may run on (affinity / cgroup-aware where the platform says)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _identity(meta: dict) -> dict:
+    tok = meta.get("tokenizer") or {}
+    remap = meta.get("remap") or {}
+    return {"tokenizer": tok.get("name"), "bpe_sha256": tok.get("bpe_sha256"),
+            "vocab_size": meta.get("vocab_size"), "remap_k": remap.get("k")}
+
+
+def _describe(ident: dict) -> str:
+    k = ident["remap_k"]
+    vocab = "the full vocabulary" if k is None else f"the remap to the top {k} ids + UNK"
+    return f"tokenizer {ident['tokenizer']} with {vocab} (vocab_size {ident['vocab_size']})"
+
+
+def check_out_dir(out: Path, identity: dict, force: bool) -> None:
+    """Refuse an output folder holding bins of another tokenizer/vocabulary (unless ``force``)."""
+    if out.exists() and not out.is_dir():
+        raise DataError(f"output {out} exists and is not a folder")
+    if force or not out.is_dir():
+        return
+    meta_path = out / "meta.json"
+    bins = [p.name for p in (out / f"{s}.bin" for s in SPLITS) if p.exists()]
+    if meta_path.exists():
+        try:
+            old = json.loads(meta_path.read_text())
+            if not isinstance(old, dict):
+                raise ValueError("not a mapping")
+        except (OSError, ValueError) as exc:
+            raise DataError(f"{meta_path} is unreadable ({exc}), so what made the bins in {out} is unknown; "
+                            f"pass --force (force=True) to replace them") from exc
+        old_id = _identity(old)
+        if old_id != identity:
+            raise DataError(f"{out} holds bins made with {_describe(old_id)}; this run makes "
+                            f"{_describe(identity)}. Choose another output folder, or pass --force "
+                            f"(force=True) to replace them")
+    elif bins:
+        raise DataError(f"{out} holds {', '.join(bins)} without a meta.json, so their tokenizer is unknown; "
+                        f"choose another output folder, or pass --force (force=True) to replace them")
+
+
+def _split_tail(tmp: Path, total: int, val_fraction: float) -> None:
+    """``all.raw`` -> ``train.raw`` (head) + ``val.raw`` (last ceil(f x total) tokens)."""
+    n_val = math.ceil(val_fraction * total)
+    n_train = total - n_val
+    if n_val < 1 or n_train < 1:
+        raise DataError(f"split tail: {total} tokens leave {n_train} for train and {n_val} for val "
+                        f"(val_fraction {val_fraction}); the corpus is too small")
+    src = tmp / "all.raw"
+    with open(src, "rb") as fin, open(tmp / "val.raw", "wb") as fout:
+        fin.seek(n_train * DTYPE.itemsize)
+        shutil.copyfileobj(fin, fout, 1 << 22)
+    os.truncate(src, n_train * DTYPE.itemsize)
+    os.replace(src, tmp / "train.raw")
+
+
+def _count_eot(path: Path, eot: int) -> int:
+    n = 0
+    size = path.stat().st_size
+    if size:
+        mm = np.memmap(path, dtype=DTYPE, mode="r")
+        for start in range(0, len(mm), vocab_mod.CHUNK_TOKENS):
+            n += int(np.count_nonzero(mm[start:start + vocab_mod.CHUNK_TOKENS] == eot))
+        del mm
+    return n
+
+
+def prepare(section: dict | None = None, out: str | Path | None = None, *, force: bool = False,
+            num_proc: int | None = None, source: Source | None = None, unit_chars: int = UNIT_CHARS,
+            log: Callable[[str], None] | None = _stderr) -> Path:
+    """Tokenize the corpus of a ``data`` section into ``out`` (default :func:`dataset_dir`).
+
+    ``num_proc`` overrides ``section['num_proc']`` (null: the CPUs this process may
+    use); ``source`` replaces the section's corpus (benchmarks); ``unit_chars`` is
+    the text per work unit. Returns the output folder.
+    """
+    log = log or (lambda msg: None)
+    sec = normalize(section)
+    shaping = content(sec)
+    out = Path(out) if out is not None else dataset_dir(sec)
+    nproc = int(num_proc or sec["num_proc"] or _usable_cpus())
+
+    tok = tokenizer_info()
+    vocab_mod.check_fits_uint16(tok["n_vocab"], f"tokenizer {tok['name']}")
+    k = sec["vocab_size"]
+    if k is not None:
+        if k >= tok["n_vocab"]:
+            raise DataError(f"data.vocab_size: K={k} is not below the tokenizer's {tok['n_vocab']} ids "
+                            f"(null keeps the full vocabulary)")
+        vocab_mod.check_fits_uint16(k + 1, "data.vocab_size")
+    identity = {"tokenizer": tok["name"], "bpe_sha256": tok["bpe_sha256"],
+                "vocab_size": tok["n_vocab"] if k is None else k + 1, "remap_k": k}
+    check_out_dir(out, identity, force)
+
+    src = source if source is not None else make_source(sec)
+    log(f"{src.name}: {src.n_docs} documents -> {out} ({nproc} worker{'s' * (nproc > 1)})")
+    t0 = time.perf_counter()
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".prepare-", dir=out))
+    ok = False
+    try:
+        plan = src.plan(sec["split"], sec["val_fraction"], sec["seed"], unit_chars)
+        names = [name for name, _ in plan]
+        tokens = dict.fromkeys(names, 0)
+        docs = dict.fromkeys(names, 0)
+        handles = {name: open(tmp / f"{name}.raw", "wb") for name in names}
+        try:
+            last = t0
+            units = itertools.chain.from_iterable(u for _, u in plan)
+            for split, arr, n_docs in encode_units(units, nproc, src.worker_state):
+                handles[split].write(arr.tobytes())
+                tokens[split] += len(arr)
+                docs[split] += n_docs
+                now = time.perf_counter()
+                if now - last > 30:
+                    last = now
+                    done = sum(tokens.values())
+                    log(f"  {done:,} tokens, {sum(docs.values()):,} documents ({done / (now - t0):,.0f} tokens/s)")
+        finally:
+            for fh in handles.values():
+                fh.close()
+        total, total_docs = sum(tokens.values()), sum(docs.values())
+        if total - total_docs <= 0:
+            raise DataError(f"the corpus is empty: {src.name} gave {total_docs} documents and no text")
+        eot = tok["eot"]
+        if sec["split"] == "tail":
+            _split_tail(tmp, total, sec["val_fraction"])
+            val_docs = _count_eot(tmp / "val.raw", eot)
+            docs = {"train": total_docs - val_docs, "val": val_docs}
+        splits = {}
+        for name in SPLITS:
+            raw = tmp / f"{name}.raw"
+            n = raw.stat().st_size // DTYPE.itemsize
+            if n == 0:
+                raise DataError(f"split {name} came out empty (corpus {src.name}, {src.n_docs} documents)")
+            splits[name] = {"file": f"{name}.bin", "tokens": n, "bytes": n * DTYPE.itemsize,
+                            "documents": docs[name]}
+
+        remap = None
+        if k is None:
+            vocab_size, eot_id = tok["n_vocab"], eot
+            for name in SPLITS:
+                os.replace(tmp / f"{name}.raw", tmp / f"{name}.bin")
+                splits[name]["sha256"] = sha256_file(tmp / f"{name}.bin")
+        else:
+            counts = vocab_mod.count_ids(tmp / "train.raw", tok["n_vocab"], DTYPE)
+            kept = vocab_mod.choose_kept(counts, k, eot)
+            table = vocab_mod.lookup_table(kept, tok["n_vocab"], DTYPE)
+            vocab_size, eot_id = k + 1, int(table[eot])
+            unk = {}
+            for name in SPLITS:
+                unk[name], splits[name]["sha256"] = vocab_mod.remap_file(
+                    tmp / f"{name}.raw", tmp / f"{name}.bin", table, k)
+                os.unlink(tmp / f"{name}.raw")
+            remap = {
+                "k": k, "unk_id": k, "rule": "the K most frequent ids of train.bin (ties: smaller id), "
+                "end-of-text always kept; new ids 0..K-1 in GPT-2 id order; all others -> unk_id",
+                "unk_tokens": unk,
+                "unk_share": {name: round(unk[name] / splits[name]["tokens"], 8) for name in SPLITS},
+                "kept_ids": [int(i) for i in kept],
+            }
+            log(f"  vocab remap: top {k} ids + UNK; UNK share train {remap['unk_share']['train']:.4%}, "
+                f"val {remap['unk_share']['val']:.4%}")
+
+        meta = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "dtype": DTYPE.str,
+            "vocab_size": vocab_size,
+            "eot_id": eot_id,
+            "tokenizer": tok,
+            "remap": remap,
+            "split": {"method": sec["split"], "val_fraction": sec["val_fraction"], "seed": sec["seed"]},
+            "splits": splits,
+            "corpus": src.info(),
+            "data": shaping,
+            "data_hash": config_hash(shaping),
+            "producer": f"mwm {__version__} (python -m mwm.data prepare)",
+        }
+        text = json.dumps(meta, indent=1)
+        if remap is not None:  # the kept ids on one line, not one per line
+            text = text.replace(json.dumps(remap["kept_ids"], indent=1).replace("\n", "\n  "),
+                                json.dumps(remap["kept_ids"]), 1)
+        (tmp / "meta.json").write_text(text + "\n")
+        for name in SPLITS:
+            os.replace(tmp / f"{name}.bin", out / f"{name}.bin")
+        os.replace(tmp / "meta.json", out / "meta.json")
+        ok = True
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if created and not ok:
+            try:
+                out.rmdir()  # only if still empty
+            except OSError:
+                pass
+    dt = time.perf_counter() - t0
+    log(f"wrote {out}: train {splits['train']['tokens']:,} tokens, val {splits['val']['tokens']:,} tokens, "
+        f"vocab_size {vocab_size} ({dt:.1f} s, {total / max(dt, 1e-9):,.0f} tokens/s)")
+    return out

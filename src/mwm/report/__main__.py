@@ -1,0 +1,53 @@
+"""Build every table and figure and the ledger for one config.
+
+    python -m mwm.report --config config/config.yaml [--results results] [--out paper_figures/<name>]
+
+Reads ``results/runs/<name>/...`` and ``results/studies/<name>/``; a run or
+study result the config asks for that is missing is an error naming it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..config import ConfigError, load_config
+from ..runs import check_grid
+from .ledger import build_ledger, write_ledger
+from .load import ReportError, load_runs
+from .studies import load_studies, studies_report
+from .training import training_report
+
+
+def build(cfg: dict, results: Path, out: Path) -> Path:
+    runs = load_runs(cfg, results)
+    studies = load_studies(results / "studies" / cfg["name"])
+    out.mkdir(parents=True, exist_ok=True)
+    numbers = training_report(cfg, runs, out)
+    studies_report(studies, out)
+    write_ledger(build_ledger(cfg, numbers["results"], runs, studies), out)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mwm.report", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--results", default="results")
+    ap.add_argument("--out", default=None, help="default: paper_figures/<config name>")
+    args = ap.parse_args(argv)
+    try:
+        cfg = load_config(args.config)
+        check_grid(cfg["grid"])
+        out = Path(args.out) if args.out else Path("paper_figures") / cfg["name"]
+        build(cfg, Path(args.results), out)
+    except (ConfigError, ReportError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

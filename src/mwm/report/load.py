@@ -1,0 +1,74 @@
+"""Reading what the report is built from. A run or study result the config asks
+for but that is missing is an error naming it, never a silently shorter table."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..runs import RUN_FILES, grid_variants, run_dir
+
+__all__ = ["ReportError", "RunData", "load_runs", "spectra_steps", "load_spectrum"]
+
+
+class ReportError(ValueError):
+    """Missing or malformed results; the message names the file."""
+
+
+@dataclass
+class RunData:
+    variant: str
+    seed: int
+    dir: Path
+    summary: dict
+    eval: pd.DataFrame
+    spectral: pd.DataFrame
+    attention: pd.DataFrame
+    metrics: pd.DataFrame
+
+
+def _read_csv(path: Path) -> pd.DataFrame:
+    try:
+        return pd.read_csv(path)
+    except Exception as exc:  # pandas raises several types for a broken file
+        raise ReportError(f"cannot read {path}: {exc}") from exc
+
+
+def load_runs(cfg: dict, root: str | Path = "results") -> dict[tuple[str, int], RunData]:
+    """Every (variant, seed) of the config's grid."""
+    missing, runs = [], {}
+    for variant in grid_variants(cfg["grid"]):
+        for seed in cfg["grid"]["seeds"]:
+            d = run_dir(root, cfg["name"], variant, seed)
+            absent = [f for f in RUN_FILES if not (d / f).exists()]
+            if absent:
+                missing.append(f"{d} (missing {', '.join(absent)})")
+                continue
+            try:
+                summary = json.loads((d / "summary.json").read_text())
+            except json.JSONDecodeError as exc:
+                raise ReportError(f"{d / 'summary.json'} is not valid JSON: {exc}") from exc
+            runs[variant, seed] = RunData(
+                variant, seed, d, summary, _read_csv(d / "eval.csv"), _read_csv(d / "spectral.csv"),
+                _read_csv(d / "attention.csv"), _read_csv(d / "metrics.csv"),
+            )
+    if missing:
+        raise ReportError("training runs missing for the report:\n  " + "\n  ".join(missing))
+    return runs
+
+
+def spectra_steps(run: RunData) -> list[int]:
+    return sorted(int(p.stem.split("_")[1]) for p in (run.dir / "spectra").glob("step_*.npz"))
+
+
+def load_spectrum(run: RunData, step: int, key: str) -> np.ndarray:
+    path = run.dir / "spectra" / f"step_{step:06d}.npz"
+    try:
+        with np.load(path) as z:
+            return z[f"sv/{key}"]
+    except (OSError, KeyError) as exc:
+        raise ReportError(f"{path}: no singular values for {key}") from exc

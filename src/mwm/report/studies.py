@@ -1,0 +1,167 @@
+"""Study figures and tables: alpha_opt and its fit, convergence curves (alpha = 0.1),
+Figure 3 (absorption), Tables 1-2 and the theory-audit table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from . import style
+from .load import ReportError
+from .tables import write_table
+
+__all__ = ["load_studies", "studies_report", "STUDY_FILES"]
+
+STUDY_FILES = ("alpha_derived.json", "alpha_summary.csv", "alpha_trajectories.csv", "absorption_derived.json",
+               "absorption_summary.csv", "audits.json", "softmax_jacobian.csv", "tangent_dims.csv")
+
+
+def load_studies(folder: str | Path) -> dict:
+    folder = Path(folder)
+    missing = [f for f in STUDY_FILES if not (folder / f).exists()]
+    if missing:
+        raise ReportError(f"study results missing in {folder}: {', '.join(missing)}")
+    out = {}
+    for f in STUDY_FILES:
+        try:
+            out[f] = json.loads((folder / f).read_text()) if f.endswith(".json") else pd.read_csv(folder / f)
+        except Exception as exc:  # json or pandas errors
+            raise ReportError(f"cannot read {folder / f}: {exc}") from exc
+    return out
+
+
+def _per_size(d: dict) -> list[dict]:
+    ps = d["per_size"]
+    return sorted(ps if isinstance(ps, list) else [{"n": int(k), **v} for k, v in ps.items()], key=lambda r: r["n"])
+
+
+def fig_alpha(st: dict, out: Path) -> None:
+    derived = st["alpha_derived.json"]["manifolds"]
+    fig, axes = plt.subplots(1, 2, figsize=(style.FULL, 2.4))
+    for i, (mf, d) in enumerate(derived.items()):
+        ps = _per_size(d)
+        n = np.array([r["n"] for r in ps])
+        a = np.array([r["alpha_opt"] for r in ps])
+        axes[0].plot(n, a, "o", color=f"C{i}", label=f"{mf}: observed alpha_opt")
+        fit = d.get("fit") or {}
+        if fit.get("prefactor") is not None:
+            xs = np.geomspace(n.min(), n.max(), 50)
+            axes[0].plot(xs, fit["prefactor"] * xs ** fit["exponent"], color=f"C{i}",
+                         label=f"fit {fit['prefactor']:.2g} n^{fit['exponent']:.2f}, r2 {fit['r2']:.2f}")
+    xs = np.geomspace(16, 1024, 50)
+    axes[0].plot(xs, 0.003 * xs ** 0.67, "k--", lw=0.8, label="paper: 0.003 n^0.67")
+    axes[0].set(xscale="log", yscale="log", xlabel="n", ylabel="alpha_opt", title="optimal dual-ascent step size")
+    axes[0].legend()
+    tr = st["alpha_trajectories.csv"]
+    sel = tr[np.isclose(tr.alpha, 0.1)]
+    sizes = sorted(sel.n.unique())
+    cmap = plt.get_cmap("viridis")
+    for j, n in enumerate(sizes):
+        c = sel[sel.n == n].groupby("iteration")["violation"].mean()
+        axes[1].plot(c.index, c.values, color=cmap(j / max(len(sizes) - 1, 1)), label=f"n={n}")
+    axes[1].set(yscale="log", xlabel="iteration", ylabel=r"$\|H\|_{RMS}$ (seed mean)",
+                title="tangent violation at alpha = 0.1")
+    axes[1].legend(ncol=2)
+    style.save(fig, out, "fig_alpha_opt_and_convergence")
+
+
+def fig_absorption(st: dict, out: Path) -> None:
+    sm = st["absorption_summary.csv"]
+    variants = list(dict.fromkeys(sm.manifold))
+    fig, axes = plt.subplots(len(variants), 2, figsize=(style.FULL, 1.7 * len(variants)), squeeze=False,
+                             sharex=True)
+    cmap = plt.get_cmap("viridis")
+    for row, v in enumerate(variants):
+        sub = sm[sm.manifold == v]
+        sizes = sorted(sub.n.unique())
+        for j, n in enumerate(sizes):
+            c = sub[sub.n == n].sort_values("T")
+            col = cmap(j / max(len(sizes) - 1, 1))
+            axes[row][0].plot(c["T"], c["e_A_mean"], "o-", ms=2, color=col, label=f"n={n}")
+            axes[row][1].plot(c["T"], c["e_W_mean"], "o-", ms=2, color=col)
+        axes[row][0].set(yscale="log", ylabel=f"{v}\n$e_A(T)$")
+        axes[row][1].set(yscale="log", ylabel="$e_W(T)$")
+    axes[0][0].set_title("update direction error e_A(T)")
+    axes[0][1].set_title("retracted weight error e_W(T)")
+    axes[-1][0].set_xlabel("dual-ascent iterations T")
+    axes[-1][1].set_xlabel("dual-ascent iterations T")
+    axes[0][0].legend(ncol=3)
+    style.save(fig, out, "fig3_absorption")
+
+
+def table1(st: dict, out: Path) -> pd.DataFrame:
+    rows = []
+    for mf, d in st["alpha_derived.json"]["manifolds"].items():
+        fit = d.get("fit") or {}
+        for r in _per_size(d):
+            rows.append({"manifold": mf, "n": r["n"], "alpha_opt_observed": r["alpha_opt"],
+                         "alpha_opt_fitted": r.get("predicted_alpha_opt"),
+                         "paper_fit_0.003n^0.67": 0.003 * r["n"] ** 0.67,
+                         "best_violation": r["best_violation"],
+                         "violation_at_0.01": r.get("violation_at_default"),
+                         "violation_at_0.1": r.get("violation_at_universal"),
+                         "in_fit": r["n"] >= (fit.get("min_n") or 0)})
+    df = pd.DataFrame(rows)
+    write_table(df, out, "table1_alpha_opt", "Table 1: observed and fitted alpha_opt per size (seed mean of the "
+                "final tangent violation after the configured iterations)")
+    return df
+
+
+def table2(st: dict, out: Path) -> pd.DataFrame:
+    rows = []
+    for mf, d in st["absorption_derived.json"]["manifolds"].items():
+        for r in _per_size(d):
+            rows.append({"manifold": mf, "n": r["n"], "T": r["T"], "e_A": r["e_A"], "e_W": r["e_W"],
+                         "compression e_A/e_W": r["compression"], "of which 1/eta": r["direction_to_weight_factor"],
+                         "of which retraction": r["retraction_factor"],
+                         "e_W(5)/e_W(last)": (r.get("flatness") or {}).get("e_W_ratio")})
+    df = pd.DataFrame(rows)
+    write_table(df, out, "table2_absorption", "Table 2: dual-ascent error e_A and retracted-weight error e_W at T, "
+                "and the compression split into 1/eta and the retraction's own factor")
+    return df
+
+
+def table_audits(st: dict, out: Path) -> pd.DataFrame:
+    au = st["audits.json"]
+    sm = au["softmax"]
+    g = au["growth"]
+    lb = au["logit_bound"]
+    rows = [
+        {"statement": "||J||_F^2 = ||s||^2 - 2||s||_3^3 + ||s||^4", "holds": sm["identity"].get("holds"),
+         "worst slack / error": sm["identity"].get("max_abs_error", sm["identity"].get("worst_slack"))},
+        {"statement": "||J||_F^2 <= ||s||^2 (1 - ||s||^2)", "holds": sm["bound"].get("holds"),
+         "worst slack / error": sm["bound"].get("worst_slack")},
+        {"statement": "||J||_F^2 <= 1/4", "holds": sm["quarter"].get("holds"),
+         "worst slack / error": sm["quarter"].get("worst_slack")},
+        {"statement": "||J||_F <= sqrt(2(n-1)) exp(-Delta z / 2)", "holds": sm["corollary"].get("holds"),
+         "worst slack / error": sm["corollary"].get("worst_slack")},
+        {"statement": "same with the top margin z(1) - z(2) in place of Delta z",
+         "holds": sm["corollary_margin"].get("holds"), "worst slack / error": sm["corollary_margin"].get("worst_slack")},
+        {"statement": f"|Z_ij| <= ||X||^2 / sqrt(d_k) = {lb['bound']:g} (d={lb['d']}, d_k={lb['d_k']})",
+         "holds": lb.get("matches_paper"), "worst slack / error": None},
+        {"statement": f"sigma_max(W_t) <= sigma_0 + sum eta = {g['bound_at_end']:.4g} at the end of the schedule",
+         "holds": True, "worst slack / error": None},
+        {"statement": f"sigma_max > {g['threshold']:g} reachable under the stated algorithm",
+         "holds": g["sigma_max_can_reach_threshold"], "worst slack / error": None},
+    ]
+    sc = au.get("spectral_check") or {}
+    if sc.get("holds") is not None:
+        rows.append({"statement": "logged sigma_max within the growth bound (training run)", "holds": sc["holds"],
+                     "worst slack / error": sc.get("worst_slack")})
+    df = pd.DataFrame(rows)
+    write_table(df, out, "table_theory_audits", "Theory audits: the paper's statements checked numerically")
+    return df
+
+
+def studies_report(st: dict, out: Path) -> None:
+    style.apply()
+    out.mkdir(parents=True, exist_ok=True)
+    fig_alpha(st, out)
+    fig_absorption(st, out)
+    table1(st, out)
+    table2(st, out)
+    table_audits(st, out)

@@ -1,0 +1,60 @@
+"""One figure style for the whole report; figures saved as PNG and PDF atomically."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from ..io import atomic_write  # noqa: E402
+
+#: Column width of a two-column paper, inches.
+COLUMN = 3.4
+FULL = 7.0
+
+#: One colour per manifold and per assignment, used by every figure.
+MANIFOLD_COLORS = {"stiefel": "#d95f02", "dgram": "#1b9e77", "oblique": "#7570b3", "none": "#808080",
+                   "adamw": "#e7e7e7"}
+ASSIGNMENT_COLORS = {"none": "#808080", "stiefel": "#d95f02", "dgram": "#1f78b4", "hetero": "#33a02c",
+                     "hetero-inv": "#e31a1c", "oblique": "#7570b3", "adamw": "#000000"}
+ASSIGNMENT_LABELS = {"none": "Unconstrained", "stiefel": "All Stiefel", "dgram": "All DGram",
+                     "hetero": "Hetero", "hetero-inv": "Hetero-inv", "oblique": "All Oblique", "adamw": "AdamW"}
+
+
+def apply() -> None:
+    plt.rcParams.update({
+        "figure.dpi": 150, "savefig.dpi": 200, "font.size": 7, "axes.titlesize": 7, "axes.labelsize": 7,
+        "legend.fontsize": 6, "xtick.labelsize": 6, "ytick.labelsize": 6, "lines.linewidth": 1.0,
+        "axes.spines.top": False, "axes.spines.right": False, "legend.frameon": False,
+        "figure.constrained_layout.use": True,
+    })
+
+
+def color(variant: str) -> str:
+    base = variant[: -len("-colnorm")] if variant.endswith("-colnorm") else variant
+    return ASSIGNMENT_COLORS.get(base, "#444444")
+
+
+def label(variant: str) -> str:
+    if variant.endswith("-colnorm"):
+        base = variant[: -len("-colnorm")]
+        return f"{ASSIGNMENT_LABELS.get(base, base)} (colnorm)"
+    return ASSIGNMENT_LABELS.get(variant, variant)
+
+
+def linestyle(variant: str) -> str:
+    return "--" if variant.endswith("-colnorm") else "-"
+
+
+def save(fig, out_dir: str | Path, stem: str) -> list[Path]:
+    """Save ``fig`` as ``stem.png`` and ``stem.pdf`` (atomically) and close it."""
+    out = []
+    for ext in ("png", "pdf"):
+        path = Path(out_dir) / f"{stem}.{ext}"
+        atomic_write(path, lambda p, ext=ext: fig.savefig(p, format=ext))
+        out.append(path)
+    plt.close(fig)
+    return out

@@ -1,0 +1,321 @@
+"""The data stage end to end: prepare, the reader, the vocab remap, bad input, CLI, config."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mwm.config import ConfigError, load_config
+import mwm.data.prepare as prepare_mod
+from mwm.data import DataError, TokenDataset, dataset_dir
+from mwm.data.prepare import prepare
+from mwm.data.__main__ import main
+from mwm.data.corpora import split_indices
+from mwm.data.tokenizer import EOT, get_encoding
+from mwm.data.vocab import check_fits_uint16
+
+QUIET = dict(log=None)
+
+
+def _write_corpus(folder: Path, n: int = 12) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    words = ["the", "king", "queen", "of", "Denmark", "is", "dead", "long", "live", "O", "Romeo", "thou",
+             "art", "42", "café", "—", "wherefore", ",", ".", "!", "\n", "\n\n"]
+    paths = []
+    for i in range(n):
+        text = " ".join(rng.choice(words, size=int(rng.integers(20, 400))))
+        p = folder / f"doc{i:02d}.txt"
+        p.write_text(f"Document {i}\n{text}\n", encoding="utf-8")
+        paths.append(p)
+    return paths
+
+
+def _reference(docs: list[str]) -> np.ndarray:
+    """nanoGPT's loop: encode_ordinary each document, append EOT, concatenate."""
+    enc = get_encoding()
+    ids = []
+    for d in docs:
+        ids.extend(enc.encode_ordinary(d))
+        ids.append(EOT)
+    return np.array(ids, dtype=np.uint16)
+
+
+def _snapshot(folder: Path) -> dict:
+    return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def shk(tmp_path_factory):
+    return prepare({"corpus": "shakespeare"}, tmp_path_factory.mktemp("shk") / "out", num_proc=2, **QUIET)
+
+
+@pytest.fixture()
+def corpus(tmp_path):
+    return _write_corpus(tmp_path / "corpus")
+
+
+def _text_section(paths, **kw):
+    return {"corpus": "text", "paths": [str(p) for p in paths], "val_fraction": 0.2, **kw}
+
+
+# -- the Shakespeare corpus, golden -------------------------------------------
+
+
+def test_shakespeare_golden(shk):
+    ds = TokenDataset(shk)
+    m = ds.meta
+    assert ds.vocab_size == 50257 and ds.eot == EOT and m["remap"] is None
+    assert m["splits"]["train"]["tokens"] == 1489168 and m["splits"]["val"]["tokens"] == 42389
+    assert m["splits"]["train"]["sha256"] == "576653dfb09553f90584f7a23949f2eb36b9f42102ea30ed216d45ec6815b218"
+    assert m["splits"]["val"]["sha256"] == "cdc52198ef264ce041f8624ca60a4dfd53967c2f57527198764da79d7a4e75d1"
+    assert m["split"] == {"method": "documents", "val_fraction": 0.0005, "seed": 2357}
+    assert m["corpus"]["name"] == "shakespeare" and m["corpus"]["version"] == "3.0.0"
+    assert m["tokenizer"]["bpe_sha256"]["vocab.bpe"].startswith("1ce1664773c5")
+    train, val = ds.split("train"), ds.split("val")
+    assert isinstance(train, np.memmap) and train.dtype == np.uint16
+    assert int((train == EOT).sum()) == m["splits"]["train"]["documents"] == 37
+    assert int((val == EOT).sum()) == 1 and val[-1] == EOT
+    assert get_encoding().decode(val[:20].tolist()).startswith("A Winter's Tale\n\nACT I\n\nSCENE I.")
+    ds.verify_checksums()
+    assert sorted(p.name for p in shk.iterdir()) == ["meta.json", "train.bin", "val.bin"]
+
+
+def test_shakespeare_small_vocab(tmp_path, shk):
+    out = prepare({"corpus": "shakespeare", "vocab_size": 2048}, tmp_path / "v", num_proc=2, **QUIET)
+    ds, full = TokenDataset(out), TokenDataset(shk)
+    remap = ds.meta["remap"]
+    assert ds.vocab_size == 2049 and remap["k"] == 2048 and remap["unk_id"] == 2048
+    kept = np.array(remap["kept_ids"])
+    assert len(kept) == 2048 and EOT in kept and np.all(np.diff(kept) > 0)
+    counts = np.bincount(full.split("train"), minlength=50257)
+    order = np.lexsort((np.arange(50257), -counts))
+    assert set(kept.tolist()) == set(order[:2047].tolist()) | {EOT}  # EOT (37 uses) forced in
+    table = np.full(50257, 2048, dtype=np.uint16)
+    table[kept] = np.arange(2048)
+    for split in ("train", "val"):
+        np.testing.assert_array_equal(ds.split(split), table[full.split(split)])
+        unk = int((ds.split(split) == 2048).sum())
+        assert remap["unk_tokens"][split] == unk
+        assert remap["unk_share"][split] == pytest.approx(unk / len(ds.split(split)), abs=1e-8)
+    assert 0.05 < remap["unk_share"]["train"] < 0.2 and 0.05 < remap["unk_share"]["val"] < 0.2
+    assert ds.eot == int(table[EOT]) and int((ds.split("train") == ds.eot).sum()) == 37
+
+
+# -- text corpus: order, workers, splits ----------------------------------------
+
+
+def test_text_matches_nanogpt_loop_and_workers(tmp_path, corpus):
+    sec = _text_section(corpus)
+    a = prepare(sec, tmp_path / "a", num_proc=1, unit_chars=300, **QUIET)
+    b = prepare(sec, tmp_path / "b", num_proc=2, unit_chars=300, **QUIET)
+    for name in ("train.bin", "val.bin", "meta.json"):
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    docs = [p.read_text(encoding="utf-8") for p in corpus]
+    train_idx, val_idx = split_indices(len(docs), 0.2, 2357)
+    ds = TokenDataset(a)
+    np.testing.assert_array_equal(ds.split("train"), _reference([docs[i] for i in train_idx]))
+    np.testing.assert_array_equal(ds.split("val"), _reference([docs[i] for i in val_idx]))
+    files = ds.meta["corpus"]["files"]
+    assert [f["path"] for f in files] == [str(p) for p in corpus] and all(len(f["sha256"]) == 64 for f in files)
+
+
+def test_tail_split(tmp_path, corpus):
+    out = prepare(_text_section(corpus, split="tail", val_fraction=0.1), tmp_path / "t", num_proc=2,
+                  unit_chars=500, **QUIET)
+    ds = TokenDataset(out)
+    ref = _reference([p.read_text(encoding="utf-8") for p in corpus])
+    n_val = math.ceil(0.1 * len(ref))
+    np.testing.assert_array_equal(ds.split("val"), ref[-n_val:])
+    np.testing.assert_array_equal(ds.split("train"), ref[:-n_val])
+    assert ds.meta["splits"]["train"]["documents"] + ds.meta["splits"]["val"]["documents"] == len(corpus)
+
+
+def test_small_vocab_ties_and_determinism(tmp_path, corpus):
+    sec = _text_section(corpus, vocab_size=10)
+    a = prepare(sec, tmp_path / "a", num_proc=2, unit_chars=400, **QUIET)
+    b = prepare(sec, tmp_path / "b", num_proc=1, **QUIET)
+    assert (a / "meta.json").read_bytes() == (b / "meta.json").read_bytes()
+    full = TokenDataset(prepare(_text_section(corpus), tmp_path / "f", num_proc=1, **QUIET))
+    ds = TokenDataset(a)
+    counts = np.bincount(full.split("train"), minlength=50257)
+    kept = ds.meta["remap"]["kept_ids"]
+    top = sorted(range(50257), key=lambda i: (-counts[i], i))[:10]
+    assert kept == sorted(top if EOT in top else top[:9] + [EOT])
+    assert ds.vocab_size == 11 and int(ds.split("train").max()) <= 10 and int(ds.split("val").max()) <= 10
+
+
+# -- openwebtext: the Hugging Face path, offline on a dataset built here --------------------
+
+
+def test_openwebtext_path_offline(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    rng = np.random.default_rng(1)
+    words = "the of and a to in is you that it he was for on are as with his they I at be this".split()
+    texts = [" ".join(rng.choice(words, size=int(rng.integers(0, 200)))) for _ in range(300)]
+    texts[5] = ""
+    datasets.Dataset.from_dict({"text": texts, "id": list(range(300))}).save_to_disk(str(tmp_path / "ds"))
+    sec = {"corpus": "openwebtext", "hf_dataset": str(tmp_path / "ds"), "val_fraction": 0.02}
+    out = prepare(sec, tmp_path / "out", num_proc=2, **QUIET)
+    ds = TokenDataset(out)
+    # what nanoGPT's openwebtext/prepare.py computes
+    parts = datasets.load_from_disk(str(tmp_path / "ds")).train_test_split(
+        test_size=0.02, seed=2357, shuffle=True)
+    np.testing.assert_array_equal(ds.split("train"), _reference(parts["train"]["text"]))
+    np.testing.assert_array_equal(ds.split("val"), _reference(parts["test"]["text"]))
+    assert ds.meta["splits"]["val"]["documents"] == 6
+    assert ds.meta["corpus"]["dataset"] == str(tmp_path / "ds") and ds.meta["corpus"]["documents"] == 300
+    with pytest.raises(DataError, match="no column 'body'"):
+        prepare({**sec, "hf_text_field": "body"}, tmp_path / "o2", **QUIET)
+
+
+# -- bad input: clear errors, outputs untouched ---------------------------------
+
+
+def test_bad_utf8_leaves_outputs_untouched(tmp_path, corpus):
+    out = prepare(_text_section(corpus), tmp_path / "out", num_proc=1, **QUIET)
+    before = _snapshot(out)
+    corpus[3].write_bytes(corpus[3].read_bytes()[:20] + b"\xc3\x28" + b" more\n")
+    with pytest.raises(DataError, match=rf"{corpus[3].name}: byte offset 20 is not UTF-8"):
+        prepare(_text_section(corpus), out, num_proc=2, **QUIET)
+    assert _snapshot(out) == before and not list(out.glob(".prepare-*"))
+    with pytest.raises(DataError):
+        prepare(_text_section(corpus), tmp_path / "new", num_proc=1, **QUIET)
+    assert not (tmp_path / "new").exists()
+    out2 = prepare(_text_section(corpus, encoding_errors="replace"), tmp_path / "rep", num_proc=1, **QUIET)
+    assert TokenDataset(out2).meta["corpus"]["files"][3]["invalid_bytes"] == 1
+
+
+def test_refuses_other_tokenizer_bins(tmp_path, corpus):
+    out = prepare(_text_section(corpus), tmp_path / "out", num_proc=1, **QUIET)
+    before = _snapshot(out)
+    with pytest.raises(DataError, match=r"holds bins made with tokenizer gpt2 with the full vocabulary.*--force"):
+        prepare(_text_section(corpus, vocab_size=50), out, num_proc=1, **QUIET)
+    meta = json.loads((out / "meta.json").read_text())
+    meta["tokenizer"]["bpe_sha256"]["vocab.bpe"] = "0" * 64
+    (out / "meta.json").write_text(json.dumps(meta))
+    before = _snapshot(out)
+    with pytest.raises(DataError, match="holds bins made with"):
+        prepare(_text_section(corpus), out, num_proc=1, **QUIET)
+    assert _snapshot(out) == before
+    prepare(_text_section(corpus), out, num_proc=1, force=True, **QUIET)
+    TokenDataset(out).verify_checksums()
+    (out / "meta.json").unlink()
+    with pytest.raises(DataError, match="without a meta.json"):
+        prepare(_text_section(corpus), out, num_proc=1, **QUIET)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(DataError, match="not a folder"):
+        prepare(_text_section(corpus), tmp_path / "file", **QUIET)
+
+
+def test_vocab_must_fit_uint16(tmp_path, corpus, monkeypatch):
+    check_fits_uint16(65536, "ok")
+    with pytest.raises(DataError, match="65537 ids does not fit the uint16"):
+        check_fits_uint16(65537, "x")
+    real = prepare_mod.tokenizer_info()
+    monkeypatch.setattr(prepare_mod, "tokenizer_info", lambda: {**real, "name": "cl100k_base", "n_vocab": 100277})
+    with pytest.raises(DataError, match="tokenizer cl100k_base: a vocabulary of 100277 ids does not fit"):
+        prepare(_text_section(corpus), tmp_path / "o", **QUIET)
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(ConfigError, match="vocab_size"):
+        prepare(_text_section(corpus, vocab_size=70000), tmp_path / "o", **QUIET)
+
+
+def test_empty_and_missing_corpora(tmp_path):
+    (tmp_path / "e.txt").write_bytes(b"")
+    with pytest.raises(DataError, match="corpus is empty"):
+        prepare(_text_section([tmp_path / "e.txt", tmp_path / "e.txt"]), tmp_path / "o", **QUIET)
+    with pytest.raises(DataError, match="does not exist"):
+        prepare(_text_section([tmp_path / "nope.txt"]), tmp_path / "o", **QUIET)
+    (tmp_path / "one.txt").write_text("just one document")
+    with pytest.raises(DataError, match="at least 2 documents"):
+        prepare(_text_section([tmp_path / "one.txt"]), tmp_path / "o", **QUIET)
+    with pytest.raises(DataError, match="needs data.paths"):
+        prepare({"corpus": "text"}, tmp_path / "o", **QUIET)
+    assert not (tmp_path / "o").exists()
+
+
+# -- the reader ------------------------------------------------------------------
+
+
+def test_reader_refuses_damaged_files(tmp_path, corpus):
+    out = prepare(_text_section(corpus), tmp_path / "out", num_proc=1, **QUIET)
+    ds = TokenDataset(out)
+    n = ds.meta["splits"]["train"]["bytes"]
+    with pytest.raises(DataError, match="split 'test'"):
+        ds.split("test")
+    data = (out / "train.bin").read_bytes()
+    (out / "train.bin").write_bytes(data[:-2])
+    with pytest.raises(DataError, match=rf"train\.bin: {n - 2} bytes on disk, meta.json says {n}"):
+        TokenDataset(out)
+    (out / "train.bin").write_bytes(data[:10] + bytes([data[10] ^ 1]) + data[11:])
+    ds = TokenDataset(out)  # same size: opens, but the checksum finds it
+    with pytest.raises(DataError, match=r"train\.bin: sha256 .* differs from meta.json"):
+        ds.verify_checksums()
+    (out / "val.bin").unlink()
+    with pytest.raises(DataError, match=r"val\.bin does not exist"):
+        TokenDataset(out)
+    (out / "meta.json").unlink()
+    with pytest.raises(DataError, match=r"meta\.json does not exist"):
+        TokenDataset(out)
+    assert issubclass(DataError, ValueError)
+
+
+# -- config, folder names, command line ---------------------------------------------
+
+
+def test_dataset_dir():
+    assert dataset_dir({"corpus": "shakespeare", "vocab_size": 2048}) == Path("data/shakespeare-v2048")
+    assert dataset_dir({}) == Path("data/shakespeare")
+    assert dataset_dir({"corpus": "openwebtext", "num_proc": 16}) == Path("data/openwebtext")
+    assert dataset_dir({"vocab_size": 256, "split": "tail", "val_fraction": 0.1, "seed": 5}) == \
+        Path("data/shakespeare-v256-tail0.1")  # a tail split does not shuffle: no seed
+    assert dataset_dir({"seed": 1, "val_fraction": 0.01}) == Path("data/shakespeare-val0.01-seed1")
+    t1 = dataset_dir({"corpus": "text", "paths": ["a.txt"]})
+    assert t1.name.startswith("text-") and len(t1.name) == 17
+    assert t1 != dataset_dir({"corpus": "text", "paths": ["b.txt"]})
+    assert t1 != dataset_dir({"corpus": "text", "paths": ["a.txt"], "encoding_errors": "replace"})
+    assert dataset_dir({"corpus": "text", "paths": ["a.txt"], "num_proc": 1}) == t1
+    assert dataset_dir({"corpus": "openwebtext", "hf_dataset": "/local/owt"}).name.startswith("openwebtext-")
+    assert dataset_dir({"vocab_size": 512}, root="/x") == Path("/x/shakespeare-v512")
+
+
+def test_config_data_section(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("data:\n  vocab_size: 2048\n")
+    data = load_config(cfg)["data"]
+    assert data["corpus"] == "shakespeare" and data["vocab_size"] == 2048 and data["val_fraction"] == 0.0005
+    assert data["seed"] == 2357 and data["encoding_errors"] == "strict" and data["num_proc"] is None
+    cfg.write_text("data:\n  vocab: 2048\n")
+    with pytest.raises(ConfigError, match="vocab"):
+        load_config(cfg)
+    cfg.write_text("data:\n  corpus: wikipedia\n")
+    with pytest.raises(ConfigError, match="data.corpus"):
+        load_config(cfg)
+
+
+def test_cli(tmp_path, corpus, capsys):
+    out = tmp_path / "cli"
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"data:\n  corpus: text\n  paths: ['{corpus[0].parent}/*.txt']\n  val_fraction: 0.2\n")
+    assert main(["prepare", "--config", str(cfg), "--vocab-size", "30", "--num-proc", "1",
+                 "--out", str(out), "--verify"]) == 0
+    assert TokenDataset(out).vocab_size == 31 and capsys.readouterr().out.strip() == str(out)
+    assert main(["info", str(out), "--verify"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["vocab_size"] == 31 and info["checksums"] == "verified"
+    assert main(["prepare", "--corpus", "text", "--paths", str(corpus[0].parent / "*.txt"),
+                 "--out", str(out)]) == 1  # other vocabulary in out
+    assert "--force" in capsys.readouterr().err
+    assert main(["dir", "--corpus", "shakespeare", "--set", "vocab_size=2048"]) == 0
+    assert capsys.readouterr().out.strip() == "data/shakespeare-v2048"
+    assert main(["provision-tokenizer", "--check"]) == 0
+    res = subprocess.run([sys.executable, "-m", "mwm.data", "prepare", "--help"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and "--corpus" in res.stdout and "--config" in res.stdout

@@ -1,0 +1,104 @@
+"""The report from a small synthetic results folder: tiny real runs (fake tokens) and tiny studies."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+import fakedata
+from mwm.config import load_config
+from mwm.report.__main__ import build, main
+from mwm.report.ledger import VERDICTS
+from mwm.report.load import ReportError
+from mwm.train import train
+
+STUDIES = {
+    "threads": 1,
+    "alpha": {"sizes": [8, 16], "alpha_grid": {"min": 0.01, "max": 0.3, "num": 3}, "seeds": 2, "iterations": 8,
+              "compare_sizes": [16]},
+    "absorption": {"sizes": [8, 16], "seeds": 2, "reference_iterations": 12, "snapshots": [2, 5],
+                   "report_T": 5, "flatness_T": [2, 5]},
+    "audits": {"softmax": {"sizes": [2, 5], "random_per_size": 50, "adversarial_restarts": 2,
+                           "adversarial_steps": 10},
+               "logit_bound": {"d": 16, "d_k": 4, "heads": 4, "tokens": 8},
+               "tangent": {"shapes": [[16, 48]], "modules": ["attn"], "layers": 1}},
+}
+VARIANTS = ["none", "stiefel", "dgram", "hetero", "hetero-inv"]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    root = tmp_path_factory.mktemp("report")
+    cfg_dict = yaml.safe_load(yaml.safe_dump(fakedata.TINY))
+    cfg_dict["train"].update(max_iters=6, lr_decay_iters=6, eval_interval=3, dual_ascent_steps=2)
+    cfg_dict["grid"] = {"assignments": VARIANTS, "seeds": [0, 1], "retraction_ablation": True}
+    cfg_dict["studies"] = STUDIES
+    path = root / "tiny.yaml"
+    path.write_text(yaml.safe_dump(cfg_dict))
+    cfg = load_config(path)
+    mp = pytest.MonkeyPatch()
+    mp.setattr("mwm.train.resolve_data", lambda c: fakedata.FakeData())
+    from mwm.runs import grid_variants, parse_variant
+
+    for v in grid_variants(cfg["grid"]):
+        a, r = parse_variant(v)
+        for seed in (0, 1):
+            assert train(cfg, a, seed, r, root / "results") == 0
+    mp.undo()
+    # mark both dgram seeds unstable, as a diverged run would be
+    for seed, onset in ((0, 3), (1, 6)):
+        p = root / "results" / "runs" / "tiny" / "dgram" / f"seed{seed}" / "summary.json"
+        s = json.loads(p.read_text())
+        s.update(status="unstable", onset_step=onset)
+        p.write_text(json.dumps(s))
+    from mwm.studies import absorption, alpha, audits
+
+    for mod in (alpha, absorption, audits):
+        assert mod.main(["--config", str(path), "--out", str(root / "results" / "studies" / "tiny")]) == 0
+    return root, path, cfg
+
+
+def test_every_file_is_produced_and_tables_have_rows(results):
+    root, path, cfg = results
+    out = build(cfg, root / "results", root / "pf")
+    for stem in ("fig3_absorption", "fig4_assignments", "fig5_val_loss", "fig6_sigma_max", "fig6_sigma_max_layers",
+                 "fig7_spectrum", "fig_attention_saturation", "fig_attention_layers", "fig_ablation_val_loss",
+                 "fig_alpha_opt_and_convergence"):
+        for ext in ("png", "pdf"):
+            assert (out / f"{stem}.{ext}").stat().st_size > 1000, stem
+    assert (out / "fig7_spectrum.gif").stat().st_size > 1000
+    for stem in ("table1_alpha_opt", "table2_absorption", "table3_assignments", "table4_results",
+                 "table_expressiveness", "table_theory_audits"):
+        for ext in ("csv", "md", "tex"):
+            assert (out / f"{stem}.{ext}").exists(), stem
+    t4 = pd.read_csv(out / "table4_results.csv")
+    assert list(t4.variant) == VARIANTS + ["dgram-colnorm", "hetero-colnorm", "hetero-inv-colnorm"]
+    assert (t4.seeds == 2).all()
+    assert t4.set_index("variant").loc["dgram", "status"] == "Unstable"
+    assert t4.set_index("variant").loc["dgram", "onset_steps"] == "3, 6"
+    assert t4.set_index("variant").loc["hetero", "status"] == "Stable"
+    assert "Unstable" in (out / "table4_results.md").read_text()
+    assert len(pd.read_csv(out / "table1_alpha_opt.csv")) == 2
+    assert len(pd.read_csv(out / "table3_assignments.csv")) == 8
+    ledger = pd.read_csv(out / "ledger.csv")
+    assert set(ledger.verdict) <= set(VERDICTS) and len(ledger) >= 20
+    assert ledger.set_index("id").loc["theory.corollary", "verdict"] == "contradicted by an audit"
+    assert ledger.set_index("id").loc["instability.dgram", "verdict"] == "reproduced"
+
+
+def test_missing_run_is_an_error_naming_it(results, tmp_path, capsys):
+    root, path, cfg = results
+    copy = tmp_path / "results"
+    shutil.copytree(root / "results", copy)
+    shutil.rmtree(copy / "runs" / "tiny" / "hetero" / "seed1")
+    with pytest.raises(ReportError, match=r"hetero/seed1"):
+        build(cfg, copy, tmp_path / "pf")
+    assert main(["--config", str(path), "--results", str(copy), "--out", str(tmp_path / "pf2")]) == 2
+    assert "hetero/seed1" in capsys.readouterr().err
+    (copy / "studies" / "tiny" / "audits.json").unlink()
+    shutil.copytree(root / "results" / "runs" / "tiny" / "hetero" / "seed1", copy / "runs" / "tiny" / "hetero" / "seed1")
+    with pytest.raises(ReportError, match="audits.json"):
+        build(cfg, copy, tmp_path / "pf3")
