@@ -90,5 +90,25 @@ wildcard_constraints:
     seed=r"\d+",
 
 
+def probe_run():
+    """(variant, seed) whose pairs and spectral log feed the studies, or None."""
+    for v in CFG["grid"]["assignments"]:
+        if v not in ("none", "adamw"):
+            return v, SEEDS[0]
+    return None
+
+
+def pairs_input(wildcards):
+    run = probe_run()
+    if run is None or CFG["train"]["capture_pairs_step"] is None:
+        return []
+    return [f"{RUNS}/{run[0]}/seed{run[1]}/pairs.npz"]
+
+
+def spectral_input(wildcards):
+    run = probe_run()
+    return [] if run is None else [f"{RUNS}/{run[0]}/seed{run[1]}/spectral.csv"]
+
+
 def all_targets():
     return [f"paper_figures/{NAME}"]

@@ -9,31 +9,12 @@ ABSORPTION_FILES = [f"{STUDIES}/absorption_{f}" for f in ("derived.json", "summa
 AUDIT_FILES = [f"{STUDIES}/{f}" for f in ("audits.json", "softmax_jacobian.csv", "logit_bound.csv", "growth_bound.csv", "tangent_dims.csv")]
 
 
-def probe_run():
-    """(variant, seed) whose pairs and spectral log feed the studies, or None."""
-    for v in CFG["grid"]["assignments"]:
-        if v not in ("none", "adamw"):
-            return v, SEEDS[0]
-    return None
-
-
-def pairs_input(wildcards):
-    run = probe_run()
-    if run is None or CFG["train"]["capture_pairs_step"] is None:
-        return []
-    return [f"{RUNS}/{run[0]}/seed{run[1]}/pairs.npz"]
-
-
-def spectral_input(wildcards):
-    run = probe_run()
-    return [] if run is None else [f"{RUNS}/{run[0]}/seed{run[1]}/spectral.csv"]
-
-
 rule study_alpha:
     output:
         ALPHA_FILES,
     params:
         config=CONFIG_FILE,
+        out=lambda wildcards, output: os.path.dirname(output[0]),
         studies=CFG["studies"]["alpha"],
     log:
         f"{LOGS}/studies/alpha.log",
@@ -43,7 +24,7 @@ rule study_alpha:
     conda:
         "../envs/mwm.yaml"
     shell:
-        "python -m mwm.studies.alpha --config {params.config} --out {STUDIES} studies.threads={threads} > {log} 2>&1"
+        "python -m mwm.studies.alpha --config {params.config} --out {params.out} studies.threads={threads} > {log} 2>&1"
 
 
 rule study_absorption:
@@ -53,6 +34,7 @@ rule study_absorption:
         ABSORPTION_FILES,
     params:
         config=CONFIG_FILE,
+        out=lambda wildcards, output: os.path.dirname(output[0]),
         studies=CFG["studies"]["absorption"],
         pairs=lambda wildcards, input: f"--pairs {input.pairs}" if input.pairs else "",
     log:
@@ -63,7 +45,7 @@ rule study_absorption:
     conda:
         "../envs/mwm.yaml"
     shell:
-        "python -m mwm.studies.absorption --config {params.config} --out {STUDIES} {params.pairs} "
+        "python -m mwm.studies.absorption --config {params.config} --out {params.out} {params.pairs} "
         "studies.threads={threads} > {log} 2>&1"
 
 
@@ -74,6 +56,7 @@ rule study_audits:
         AUDIT_FILES,
     params:
         config=CONFIG_FILE,
+        out=lambda wildcards, output: os.path.dirname(output[0]),
         studies=CFG["studies"]["audits"],
         spectral=lambda wildcards, input: f"--spectral {input.spectral}" if input.spectral else "",
     log:
@@ -84,5 +67,5 @@ rule study_audits:
     conda:
         "../envs/mwm.yaml"
     shell:
-        "python -m mwm.studies.audits --config {params.config} --out {STUDIES} {params.spectral} "
+        "python -m mwm.studies.audits --config {params.config} --out {params.out} {params.spectral} "
         "studies.threads={threads} > {log} 2>&1"
