@@ -74,6 +74,7 @@ def threads(stage):
 
 def run_files(variant="{variant}", seed="{seed}"):
     files = {f.split(".")[0]: f"{RUNS}/{variant}/seed{seed}/{f}" for f in RUN_FILES}
+    files["spectra"] = directory(f"{RUNS}/{variant}/seed{seed}/spectra")
     if CFG["train"]["keep_final_checkpoint"]:
         files["final"] = f"{RUNS}/{variant}/seed{seed}/final.pt"
     if CFG["train"]["capture_pairs_step"] is not None:
@@ -82,7 +83,7 @@ def run_files(variant="{variant}", seed="{seed}"):
 
 
 def all_runs():
-    return [f"{RUNS}/{v}/seed{s}/{f}" for v in VARIANTS for s in SEEDS for f in RUN_FILES]
+    return [f"{RUNS}/{v}/seed{s}/{f}" for v in VARIANTS for s in SEEDS for f in (*RUN_FILES, "spectra")]
 
 
 wildcard_constraints:

@@ -45,7 +45,7 @@ from . import __version__
 from .assignments import build_optimizers
 from .config import ConfigError, config_hash, load_config
 from .diagnostics import ATTENTION_COLUMNS, SPECTRAL_COLUMNS, attention_stats, spectral_stats
-from .io import CsvLog, atomic_savez, atomic_torch_save, atomic_write_json
+from .io import CsvLog, atomic_savez, atomic_torch_save, atomic_write, atomic_write_json
 from .model import GPT, SIZES, GPTConfig
 from .runs import assignment_spec, check_grid, checkpoint_dir, parse_variant, run_dir, variant_name
 from .schedule import adamw_lr
@@ -222,6 +222,23 @@ class Run:
     def save_checkpoint(self):
         if self.master:
             atomic_torch_save(self.ckpt_path, self.state())
+            self._mirror(self.dir, self.ckpt_dir / "logs")
+
+    def _mirror(self, src: Path, dst: Path) -> None:
+        """Copy the run's logs and spectra from ``src`` to ``dst``.
+
+        The workflow deletes a failed job's declared outputs (the logs) before it
+        retries; the copy beside the checkpoint lets the retry resume anyway.
+        """
+        import shutil
+
+        for name in ("metrics.csv", "eval.csv", "spectral.csv", "attention.csv", "pairs.npz"):
+            if (src / name).exists():
+                atomic_write(dst / name, lambda p, name=name: shutil.copyfile(src / name, p))
+        if (src / "spectra").is_dir():
+            for f in sorted((src / "spectra").glob("step_*.npz")):
+                if not (dst / "spectra" / f.name).exists() or src != self.dir:
+                    atomic_write(dst / "spectra" / f.name, lambda p, f=f: shutil.copyfile(f, p))
 
     def _logs_reach(self, step: int) -> bool:
         """Whether metrics.csv holds every step below ``step`` (so a resume can continue it)."""
@@ -240,6 +257,9 @@ class Run:
         if not self.ckpt_path.exists():
             return 0
         ck = torch.load(self.ckpt_path, map_location=self.device, weights_only=False)
+        if not self._logs_reach(ck["step"]) and (self.ckpt_dir / "logs" / "metrics.csv").exists():
+            self.log("run logs missing or short (a retried job); restoring them from the checkpoint's copy")
+            self._mirror(self.ckpt_dir / "logs", self.dir)
         if not self._logs_reach(ck["step"]):
             self.log(f"checkpoint at step {ck['step']} but the run's logs do not reach it; starting afresh")
             return 0
@@ -449,7 +469,10 @@ class Run:
             atomic_torch_save(self.dir / "final.pt", self.model.state_dict())
         self.write_summary()
         if self.master and self.ckpt_path.exists():
+            import shutil
+
             self.ckpt_path.unlink()  # the run is complete: nothing left to resume
+            shutil.rmtree(self.ckpt_dir / "logs", ignore_errors=True)
         self.log(f"done: status {self.status}" + (" (stopped at onset)" if stopped else ""))
         return 0
 
