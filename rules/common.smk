@@ -91,23 +91,26 @@ wildcard_constraints:
     seed=r"\d+",
 
 
-def probe_run():
-    """(variant, seed) whose pairs and spectral log feed the studies, or None."""
-    for v in CFG["grid"]["assignments"]:
-        if v not in ("none", "adamw"):
-            return v, SEEDS[0]
+def probe_run(prefer):
+    """(variant, seed) of the first grid assignment in ``prefer`` (else the first that
+    uses a manifold) at the first seed, or None: its data feeds the studies."""
+    constrained = [v for v in CFG["grid"]["assignments"] if v not in ("none", "adamw")]
+    for v in [p for p in prefer if p in constrained] + constrained:
+        return v, SEEDS[0]
     return None
 
 
 def pairs_input(wildcards):
-    run = probe_run()
+    """Training (W, G) pairs for the absorption study: hetero has both manifolds."""
+    run = probe_run(("hetero", "hetero-inv", "stiefel", "dgram"))
     if run is None or CFG["train"]["capture_pairs_step"] is None:
         return []
     return [f"{RUNS}/{run[0]}/seed{run[1]}/pairs.npz"]
 
 
 def spectral_input(wildcards):
-    run = probe_run()
+    """A spectral log for the growth-bound audit: DGram attention is where it bites."""
+    run = probe_run(("dgram", "hetero-inv", "hetero"))
     return [] if run is None else [f"{RUNS}/{run[0]}/seed{run[1]}/spectral.csv"]
 
 
