@@ -14,13 +14,7 @@ from mwm.studies import absorption, alpha
 from mwm.studies.common import random_pairs, read_csv, variant_manifold, write_csv, write_json
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Small batched matmuls: one thread (two on a busy 2-core machine are ~100x slower)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def studies_cfg(**sections):

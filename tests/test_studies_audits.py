@@ -12,12 +12,7 @@ from mwm.studies import audits
 from mwm.studies.common import read_csv, write_csv
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def audit_sec(**over):
