@@ -30,7 +30,6 @@ __all__ = [
     "polar_exact",
     "polar_express_gram",
     "frobenius_scale",
-    "gram_is_cheaper",
 ]
 
 #: The published degree-5 Polar Express coefficient triples (a, b, c).
@@ -88,14 +87,6 @@ def _flush_tiny(T: torch.Tensor, tiny: float) -> None:
 def frobenius_scale(fro_sq: torch.Tensor) -> torch.Tensor:
     """The factor ``1 / (1.01 ||G||_F + eps)`` that Polar Express applies first."""
     return 1.0 / (SAFETY * fro_sq.clamp_min(0).sqrt() + _EPS)
-
-
-def gram_is_cheaper(m: int, n: int, steps: int = DEFAULT_STEPS) -> bool:
-    """Whether the Gram-space order costs fewer flops for an ``m x n`` matrix."""
-    m, n = max(m, n), min(m, n)
-    direct = steps * (2 * m * n * n + n**3)
-    gram = 2 * m * n * n + (4 * steps - 2) * n**3
-    return gram < direct
 
 
 def msign(

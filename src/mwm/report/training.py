@@ -22,7 +22,7 @@ from . import style
 from .load import RunData, load_spectrum, spectra_steps
 from .tables import write_table
 
-__all__ = ["training_report", "status_label", "base_variants", "ablation_pairs", "aggregate_status",
+__all__ = ["training_report", "base_variants", "ablation_pairs", "aggregate_status",
            "growth_bound"]
 
 ATTN_MATS = ("c_attn", "c_proj")
@@ -52,10 +52,6 @@ def aggregate_status(rs: list[RunData]) -> tuple[str, list]:
     if unstable:
         return ("Unstable" if len(unstable) == len(rs) else f"Unstable ({len(unstable)}/{len(rs)} seeds)"), onsets
     return "Stable", onsets
-
-
-def status_label(rs: list[RunData]) -> str:
-    return aggregate_status(rs)[0]
 
 
 def _curve(rs: list[RunData], frame: str, col: str):
