@@ -63,6 +63,31 @@ def test_msign_rejects_vectors_and_bf16_on_cpu():
         msign(torch.randn(4, 4), dtype=torch.bfloat16)
 
 
+@pytest.mark.parametrize("shape", [(300, 100), (600, 150)])
+def test_restarted_gram_order_is_stable_where_the_one_shot_gram_iteration_is_not(shape):
+    g = torch.Generator().manual_seed(4)
+    m, n = shape
+    G = torch.randn(m, 2, generator=g) @ torch.randn(2, n, generator=g) + 1e-3 * torch.randn(m, n, generator=g)
+    X = G * frobenius_scale(G.square().sum())
+    one_shot = X @ polar_express_gram(X.mT @ X)
+    assert torch.linalg.matrix_norm(one_shot, 2) > 10  # the failure the restart exists for
+    direct, gram = msign(G, method="direct"), msign(G, method="gram")
+    assert torch.linalg.matrix_norm(gram, 2) <= 1 + 1e-3
+    assert (gram - direct).norm() <= 2e-3 * direct.norm()
+
+
+def test_gram_steps_can_be_split():
+    torch.manual_seed(5)
+    G = torch.randn(2, 90, 30)
+    X = G * frobenius_scale(G.square().sum(dim=(-2, -1), keepdim=True))
+    Q1 = polar_express_gram(X.mT @ X, stop=4)
+    Y = X @ Q1
+    Q2 = polar_express_gram(Y.mT @ Y, start=4)
+    assert torch.allclose(Y @ Q2, X @ polar_express_gram(X.mT @ X), atol=1e-5)
+    with pytest.raises(ValueError, match="start"):
+        polar_express_gram(X.mT @ X, start=10)
+
+
 def test_default_msign_is_bounded_on_nearly_low_rank_input():
     g = torch.Generator().manual_seed(3)
     G = torch.randn(300, 2, generator=g) @ torch.randn(2, 100, generator=g) + 1e-3 * torch.randn(300, 100, generator=g)

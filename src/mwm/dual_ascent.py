@@ -21,16 +21,16 @@ Two evaluation orders give the same numbers (up to float32 rounding):
     As the released code: msign on the ``m x n`` matrix at every iteration,
     except that ``A^T W`` is taken as the transpose of ``W^T A``.
 ``gram``
-    Everything inside the loop lives in ``n x n``: with ``K = W^T G``,
-    ``C = G^T G``, ``D = W^T W`` and ``S = P(sym Lambda)``, the matrix
-    ``M = G + 2 W S`` has ``M^T M = C + 2 (K^T S + S K) + 4 S D S`` and
-    ``W^T M = K + 2 D S``; Polar Express runs on ``M^T M`` and returns ``Q`` with
-    ``msign(M) = M Q``, so ``W^T A = (W^T M) Q``. ``A`` itself (``m x n``) is only
-    formed at the end and at snapshots. Cheaper once ``m`` is about ``1.5 n``,
-    but unstable in float32 for ill-conditioned ``M`` (nearly low-rank momentum):
-    opt-in only.
+    Polar Express in the ``n x n`` Gram space: with ``K = W^T G``, ``C = G^T G``,
+    ``D = W^T W`` and ``S = P(sym Lambda)``, the matrix ``M = G + 2 W S`` has
+    ``M^T M = C + 2 (K^T S + S K) + 4 S D S`` and ``W^T M = K + 2 D S``. The first
+    :data:`~mwm.msign.GRAM_RESTART` steps run on that ``M^T M`` and give ``Q_1``;
+    the iterate ``X = M Q_1`` is then formed once (this restart keeps float32
+    stable on nearly low-rank momentum, see :mod:`mwm.msign`), the remaining steps
+    run on ``X^T X`` and give ``Q_2``, and ``W^T A = (W^T M) Q_1 Q_2`` without
+    ``A``. ``A = X Q_2`` itself is only formed at the end and at snapshots.
 
-``method="auto"`` is ``direct``.
+``method="auto"`` picks per shape (:func:`choose_method`).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from typing import Iterable
 import torch
 
 from .manifolds import Manifold, get_manifold, rms, to_tall
-from .msign import DEFAULT_STEPS, frobenius_scale, msign, polar_express_gram
+from .msign import DEFAULT_STEPS, GRAM_RESTART, choose_order, frobenius_scale, msign, polar_express_gram
 
 __all__ = ["DualAscentResult", "dual_ascent", "manifold_muon_update", "choose_method"]
 
@@ -64,15 +64,11 @@ class DualAscentResult:
 
 
 def choose_method(m: int, n: int, msign_steps: int = DEFAULT_STEPS) -> str:
-    """The evaluation order ``auto`` uses: always ``direct``.
-
-    The ``gram`` order costs fewer flops once ``m`` exceeds about ``1.5 n``
-    (``(4 steps + 3) n^3`` against ``steps (2 m n^2 + n^3) + 4 m n^2`` an iteration)
-    but is unstable in float32 when ``M = G + 2 W S`` is ill-conditioned, which a
-    nearly low-rank momentum makes it (rank-2 G: ``||A||_2 = 17`` instead of 1).
-    It stays available as ``method="gram"`` for well-conditioned experiments.
-    """
-    return "direct"
+    """The evaluation order ``auto`` uses for a tall ``m x n`` weight: the same rule
+    as :func:`mwm.msign.choose_order` (``gram`` once ``m >= 2 n``). An iteration
+    costs about ``(4 steps + 3) n^3 + 3 m n^2`` in the Gram order against
+    ``steps (2 m n^2 + n^3) + m n^2`` in the direct one."""
+    return choose_order(m, n)
 
 
 def _as_manifold(manifold: Manifold | str) -> Manifold:
@@ -107,6 +103,11 @@ def _check_inputs(W: torch.Tensor, G: torch.Tensor) -> None:
         raise ValueError(f"dual ascent needs matrices, got shape {tuple(W.shape)}")
     if not bool(torch.isfinite(G).all()):
         raise FloatingPointError("gradient has NaN or Inf entries; refusing to compute an update")
+
+
+def _gram_direction(Mx: torch.Tensor, Q: torch.Tensor | None) -> torch.Tensor:
+    """``A`` of the Gram order: the rebuilt iterate times the remaining steps' factor."""
+    return Mx if Q is None else Mx @ Q
 
 
 @torch.no_grad()
@@ -170,8 +171,15 @@ def dual_ascent(
             E = WtG.mT @ S  # K^T S; its transpose is S K
             MtM = GtG + 2.0 * (E + E.mT) + 4.0 * (S @ DS)
             scale = frobenius_scale(MtM.diagonal(dim1=-2, dim2=-1).sum(-1))[..., None, None]
-            Q = polar_express_gram(MtM * scale.square(), steps=msign_steps) * scale
-            X = (WtG + 2.0 * DS) @ Q
+            Q = polar_express_gram(MtM * scale.square(), steps=msign_steps, stop=GRAM_RESTART) * scale
+            WtX = (WtG + 2.0 * DS) @ Q
+            Mx = (Gt + 2.0 * (Wt @ S)) @ Q  # the iterate after the first steps, rebuilt from M
+            if msign_steps > GRAM_RESTART:
+                Q = polar_express_gram(Mx.mT @ Mx, steps=msign_steps, start=GRAM_RESTART)
+                X = WtX @ Q
+            else:
+                Q = None
+                X = WtX
             A = None
         H = mf.project(X + X.mT)
         it = t + 1
@@ -179,7 +187,7 @@ def dual_ascent(
         if record_violations:
             history.append(viol)
         if it in snaps:
-            out_snaps[it] = A if A is not None else (Gt + 2.0 * (Wt @ S)) @ Q
+            out_snaps[it] = A if A is not None else _gram_direction(Mx, Q)
         if tol is not None and bool((viol < tol).all()):
             break
         step_size = alpha_f * (1.0 - t / steps)
@@ -187,7 +195,7 @@ def dual_ascent(
             step_size = step_size.to(H.dtype)
         Lam = Lam - step_size * H
     if A is None:
-        A = (Gt + 2.0 * (Wt @ S)) @ Q
+        A = out_snaps[it] if it in out_snaps else _gram_direction(Mx, Q)
 
     def orient(T):
         return T.mT if transposed else T

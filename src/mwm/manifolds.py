@@ -81,6 +81,11 @@ def _gram(W: torch.Tensor) -> torch.Tensor:
 _EIGH32_MAX_SPREAD = 1e3
 
 
+def _too_wide(values: torch.Tensor) -> bool:
+    """Whether any row of ``values`` (..., n) spans more than ``_EIGH32_MAX_SPREAD``."""
+    return not bool((values.amin(-1) * _EIGH32_MAX_SPREAD >= values.amax(-1)).all())
+
+
 def _inv_sqrt_psd(S: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Eigenvalues (ascending) and ``S^{-1/2}`` of a batch of symmetric PSD matrices.
 
@@ -88,10 +93,13 @@ def _inv_sqrt_psd(S: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     spread is too wide for it. The float32 Gram of a matrix near DGram is accurate
     entry by entry relative to ``d_i d_j``, which is what float64 eigh then needs.
     """
-    evals, evecs = torch.linalg.eigh(S)
-    if S.dtype != torch.float64:
-        spread_ok = evals[..., :1] * _EIGH32_MAX_SPREAD >= evals[..., -1:]
-        if not bool(spread_ok.all()):
+    if S.dtype != torch.float64 and _too_wide(S.diagonal(dim1=-2, dim2=-1)):
+        # The diagonal lies inside the eigenvalue range, so its spread bounds the
+        # eigenvalues' from below: float32 would fail the check below; skip it.
+        evals, evecs = torch.linalg.eigh(S.to(torch.float64))
+    else:
+        evals, evecs = torch.linalg.eigh(S)
+        if S.dtype != torch.float64 and _too_wide(evals):
             evals, evecs = torch.linalg.eigh(S.to(torch.float64))
     floor = evals[..., -1:].clamp_min(torch.finfo(evals.dtype).tiny) * torch.finfo(evals.dtype).eps
     inv_root = evals.clamp_min(floor).rsqrt()
