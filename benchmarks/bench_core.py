@@ -82,10 +82,13 @@ def main():
     ap.add_argument("--dual-steps", type=int, default=20)
     ap.add_argument("--lr", type=float, default=0.02)
     ap.add_argument("--repeats", type=int, default=3, help="repeats of the retraction timings")
+    ap.add_argument("--step-repeats", type=int, default=2,
+                    help="alternating repeats of each optimizer-step timing (the fastest counts)")
     args = ap.parse_args()
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, layers {args.layers}, "
-          f"dual-ascent steps {args.dual_steps}, alpha 0.1, lr {args.lr}")
+          f"dual-ascent steps {args.dual_steps}, alpha 0.1, lr {args.lr}, fastest of {args.step_repeats} "
+          f"alternating timings per step")
 
     # warm-up (allocator, BLAS threads)
     n, w, g, m = make_problem(1, "stiefel")
@@ -100,8 +103,12 @@ def main():
     ours_t, ref_t = {}, {}
     for assignment in ("none", "stiefel", "dgram", "hetero"):
         names, weights, grads, mfs = make_problem(args.layers, assignment)
-        t_ref, ref = time_released(weights, grads, mfs, args.lr, args.dual_steps)
-        t_ours, ours = time_ours(names, weights, grads, mfs, args.lr, args.dual_steps)
+        t_ref = t_ours = float("inf")
+        for _ in range(args.step_repeats):  # alternate, keep the fastest of each
+            t, ref = time_released(weights, grads, mfs, args.lr, args.dual_steps)
+            t_ref = min(t_ref, t)
+            t, ours = time_ours(names, weights, grads, mfs, args.lr, args.dual_steps)
+            t_ours = min(t_ours, t)
         ours_t[assignment], ref_t[assignment] = t_ours, t_ref
         square = [i for i, w in enumerate(weights) if w.shape[0] == w.shape[1]]
         tall = [i for i in range(len(weights)) if i not in square]
@@ -133,6 +140,7 @@ def main():
 
     print("\n== ill-conditioned momentum (what training produces) on the tall attn.c_attn (2304 x 768) ==")
     print("Our default order there is the restarted Gram one; the released path iterates on the matrix.")
+    print("float64: the released path run in float64, the reference both float32 results are measured against.")
     print("||A||_2: largest singular value of our update direction (Polar Express keeps it <= 1).")
     g = torch.Generator().manual_seed(2)
     m, n = SHAPES["attn.c_attn"]
@@ -146,10 +154,10 @@ def main():
             W = get_manifold(mf).init(torch.randn(m, n, generator=g) * 0.02)
             _, ref = time_released([W], [G], [mf], args.lr, args.dual_steps)
             _, ours = time_ours(["h.0.attn.c_attn"], [W], [G], [mf], args.lr, args.dual_steps)
-            Gn = G * (1 + 1e-7 * torch.randn(G.shape, generator=torch.Generator().manual_seed(9)))
-            _, ref_noisy = time_released([W], [Gn], [mf], args.lr, args.dual_steps)
+            _, ref64 = time_released([W.double()], [G.double()], [mf], args.lr, args.dual_steps)
             a_norm = float(torch.linalg.matrix_norm(dual_ascent(W, G, mf, steps=args.dual_steps).A, 2))
-            print(f"  {label:<24} {mf:<8} rel dW {rel(ours[0], ref[0]):.2e}  floor {rel(ref_noisy[0], ref[0]):.2e}  "
+            print(f"  {label:<24} {mf:<8} rel dW {rel(ours[0], ref[0]):.2e}  released vs float64 "
+                  f"{rel(ref[0].double(), ref64[0]):.2e}  ours vs float64 {rel(ours[0].double(), ref64[0]):.2e}  "
                   f"||A||_2 {a_norm:.4f}")
 
     manifold_speed = sum(ref_t[a] for a in ("stiefel", "dgram", "hetero")) / sum(
