@@ -71,18 +71,24 @@ class TokenDataset:
         self._maps = {}
         for split in SPLITS:
             entry = self.meta["splits"][split]
-            path = self.folder / entry["file"]
-            if not path.is_file():
-                raise DataError(f"{path} does not exist (meta.json lists it with {entry['tokens']} tokens)")
-            size = path.stat().st_size
-            if size != entry["bytes"]:
-                raise DataError(
-                    f"{path}: {size} bytes on disk, meta.json says {entry['bytes']} "
-                    f"({entry['tokens']} tokens): the file is truncated or from another run; prepare it again")
+            path, size = self._checked_bin(entry)
             if entry["bytes"] != entry["tokens"] * self.dtype.itemsize:
                 raise DataError(f"{self.folder / 'meta.json'}: splits.{split} has {entry['bytes']} bytes "
                                 f"for {entry['tokens']} tokens")
             self._maps[split] = np.memmap(path, dtype=self.dtype, mode="r") if size else np.empty(0, self.dtype)
+
+    def _checked_bin(self, entry: dict) -> tuple[Path, int]:
+        """Path and size of a split's bin, refused (DataError naming the file) when it is
+        missing or its size differs from meta.json's."""
+        path = self.folder / entry["file"]
+        if not path.is_file():
+            raise DataError(f"{path} does not exist (meta.json lists it with {entry['tokens']} tokens)")
+        size = path.stat().st_size
+        if size != entry["bytes"]:
+            raise DataError(
+                f"{path}: {size} bytes on disk, meta.json says {entry['bytes']} "
+                f"({entry['tokens']} tokens): the file is truncated or from another run; prepare it again")
+        return path, size
 
     @property
     def vocab_size(self) -> int:
@@ -105,12 +111,7 @@ class TokenDataset:
         """Read both bins in full and compare with meta.json's SHA-256; DataError names the file."""
         for split in SPLITS:
             entry = self.meta["splits"][split]
-            path = self.folder / entry["file"]
-            if not path.is_file():
-                raise DataError(f"{path} does not exist")
-            size = path.stat().st_size
-            if size != entry["bytes"]:
-                raise DataError(f"{path}: {size} bytes on disk, meta.json says {entry['bytes']}")
+            path, _ = self._checked_bin(entry)
             got = sha256_file(path)
             if got != entry["sha256"]:
                 raise DataError(f"{path}: sha256 {got} differs from meta.json's {entry['sha256']}: "
