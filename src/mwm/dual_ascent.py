@@ -64,8 +64,8 @@ class DualAscentResult:
 
 
 def choose_method(m: int, n: int, msign_steps: int = DEFAULT_STEPS) -> str:
-    """The evaluation order ``auto`` uses for a tall ``m x n`` weight: the same rule
-    as :func:`mwm.msign.choose_order` (``gram`` once ``m >= 2 n``). An iteration
+    """The evaluation order ``auto`` uses for a tall ``m x n`` weight: the rule of
+    :func:`mwm.msign.choose_order` (``msign_steps`` does not enter it). An iteration
     costs about ``(4 steps + 3) n^3 + 3 m n^2`` in the Gram order against
     ``steps (2 m n^2 + n^3) + m n^2`` in the direct one."""
     return choose_order(m, n)

@@ -191,7 +191,6 @@ def polar_express_gram(
     lead = R.shape[:-2]
     n = R.shape[-1]
     R = R.reshape(-1, n, n)
-    eye = torch.eye(n, dtype=R.dtype, device=R.device).expand_as(R)
     tiny = _tiny(R.dtype)
     stop = steps if stop is None else min(stop, steps)
     if not 0 <= start < stop:
@@ -199,7 +198,8 @@ def polar_express_gram(
     table = coefficients(steps)[start:stop]
     Q = None
     for k, (a, b, c) in enumerate(table):
-        y = torch.baddbmm(R, R, R, beta=b, alpha=c).add_(eye, alpha=a)  # a I + b R + c R^2
+        y = torch.baddbmm(R, R, R, beta=b, alpha=c)  # b R + c R^2
+        y.diagonal(dim1=-2, dim2=-1).add_(a)  # + a I
         y = _flush_tiny(y, tiny)
         Q = y if Q is None else torch.bmm(Q, y)
         if k + 1 < len(table):

@@ -22,7 +22,7 @@ from collections import defaultdict
 import torch
 
 from .dual_ascent import dual_ascent
-from .manifolds import DGRAM_RETRACTIONS, MANIFOLDS, get_manifold
+from .manifolds import DGRAM_RETRACTIONS, MANIFOLDS, get_manifold, to_tall
 from .msign import DEFAULT_STEPS, msign
 
 __all__ = ["ManifoldMuon", "MUON_MANIFOLDS"]
@@ -162,7 +162,7 @@ class ManifoldMuon(torch.optim.Optimizer):
             bufs.append(state["momentum_buffer"])
         buf = _stack([_tall(b) for b in bufs]).mul_(mu).add_(grads)
         for b, new in zip(bufs, buf):
-            _tall(b).copy_(new[: _tall(b).shape[-2]])
+            b.copy_(_unpad(new, b))
         if not compute:
             return  # another rank computes this bank's update and broadcasts it
         update_dir = grads.add(buf, alpha=mu) if group["nesterov"] else buf
@@ -199,7 +199,7 @@ def _work(t: torch.Tensor) -> torch.Tensor:
 
 def _tall(t: torch.Tensor) -> torch.Tensor:
     """A view of a 2-D matrix in its tall orientation (every solver works there)."""
-    return t.mT if t.shape[-2] < t.shape[-1] else t
+    return to_tall(t)[0]
 
 
 def _oriented(tall: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
