@@ -139,6 +139,8 @@ class Optimizers:
     muon: ManifoldMuon | None
     adamw: torch.optim.AdamW
     assignment: dict[str, str]
+    #: (name, parameter) pairs, to name parameters in errors
+    _named: list = ()
 
     def all(self) -> list[torch.optim.Optimizer]:
         return [o for o in (self.adamw, self.muon) if o is not None]
@@ -148,10 +150,30 @@ class Optimizers:
             o.zero_grad(set_to_none=True)
 
     def step(self) -> None:
-        # Muon first: it validates gradients for NaN/Inf before anything is written.
+        """Both steps. Non-finite values raise ``FloatingPointError`` where they first
+        show: AdamW's gradients (checked before anything is written), Muon's gradients,
+        momentum and weights (see :class:`ManifoldMuon`), and AdamW's new weights
+        (NaN, Inf, or a squared norm that overflows: a weight decay factor
+        ``1 - lr wd`` below -1 grows them geometrically), so nothing downstream
+        (evaluation, spectral logging) ever sees a diverged weight unannounced."""
+        self._check(self.adamw, "grad", "gradient has NaN, Inf or overflowing values; no parameter was updated")
         if self.muon is not None:
             self.muon.step()
         self.adamw.step()
+        self._check(self.adamw, "weight", "AdamW step left NaN, Inf or overflowing values")
+
+    def _check(self, opt: torch.optim.Optimizer, what: str, msg: str) -> None:
+        mine = {id(p) for g in opt.param_groups for p in g["params"]}
+        items = [(n, p.grad if what == "grad" else p) for n, p in self._named if id(p) in mine]
+        items = [(n, t) for n, t in items if t is not None]
+        if not items:
+            return
+        sums = torch.stack([t.float().square().sum() for _, t in items])
+        ok = torch.isfinite(sums)
+        if bool(ok.all()):
+            return
+        bad = [n for (n, _), good in zip(items, ok.tolist()) if not good]
+        raise FloatingPointError(f"AdamW {what} of [{', '.join(bad)}]: {msg}")
 
     def set_lr(self, adamw_lr: float, muon_lr: float) -> None:
         for g in self.adamw.param_groups:
@@ -221,4 +243,4 @@ def build_optimizers(
             groups, lr=muon_lr, momentum=momentum, alpha=alpha, dual_steps=dual_steps,
             dgram_retraction=dgram_retraction, msign_steps=msign_steps, init_on_manifold=init_on_manifold,
         )
-    return Optimizers(muon=muon, adamw=adamw, assignment=plan)
+    return Optimizers(muon=muon, adamw=adamw, assignment=plan, _named=named)

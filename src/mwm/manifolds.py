@@ -92,7 +92,11 @@ def _inv_sqrt_psd(S: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     Tries the input's dtype first and falls back to float64 where the eigenvalue
     spread is too wide for it. The float32 Gram of a matrix near DGram is accurate
     entry by entry relative to ``d_i d_j``, which is what float64 eigh then needs.
+    A Gram with NaN or Inf entries (a diverged weight) raises ``FloatingPointError``
+    here, before LAPACK sees it (its eigh would fail to converge, or return NaN).
     """
+    if not bool(torch.isfinite(S).all()):
+        raise FloatingPointError("Gram matrix has NaN or Inf entries (the weight diverged); cannot retract")
     if S.dtype != torch.float64 and _too_wide(S.diagonal(dim1=-2, dim2=-1)):
         # The diagonal lies inside the eigenvalue range, so its spread bounds the
         # eigenvalues' from below: float32 would fail the check below; skip it.

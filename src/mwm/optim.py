@@ -10,9 +10,13 @@ Per parameter group (each carries a ``manifold`` key):
 
 Matrices of equal shape (up to transposition: wide ones are stacked in their
 tall orientation), manifold and hyperparameters are stacked into one bank and
-updated by one batched call. Gradients are checked before anything is
-written: a NaN or Inf gradient raises with the parameter's name and leaves
-weights and momentum untouched.
+updated by one batched call. Values are checked wherever a divergence first
+shows: the gradients (before anything is written), the momentum and update
+direction, the weight before the retraction and the new weight. NaN, Inf, or a
+matrix whose squared Frobenius norm overflows (so its Gram matrix, or msign's
+normalization, would) raises ``FloatingPointError`` naming the parameters,
+before any LAPACK call sees the values; the weights of that bank are left
+unchanged. With sharded banks every rank raises together.
 """
 
 from __future__ import annotations
@@ -124,18 +128,29 @@ class ManifoldMuon(torch.optim.Optimizer):
                     )
         bank = 0
         pending = []
+        error = None
         for group in self.param_groups:
             live = [p for p in group["params"] if p.grad is not None]
             if not live:
                 continue
             for params in _banks(live).values():
                 owner = bank % self._world
-                self._update_bank(group, params, compute=owner == self._rank)
+                try:
+                    self._update_bank(group, params, compute=owner == self._rank)
+                except FloatingPointError as exc:
+                    if self._world == 1:
+                        raise
+                    error = error or exc  # raise on every rank together, after the broadcasts
                 pending.append((owner, params))
                 bank += 1
         if self._world > 1:
             import torch.distributed as dist
 
+            flag = torch.tensor([0.0 if error is None else 1.0], device=pending[0][1][0].device if pending else None)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if flag.item() > 0:
+                raise error or FloatingPointError("another rank found non-finite values in its Muon update; "
+                                                  "no weights were updated")
             for owner, params in pending:
                 W = _stack([_tall(p.detach()) for p in params])
                 dist.broadcast(W, src=owner)
@@ -161,11 +176,12 @@ class ManifoldMuon(torch.optim.Optimizer):
                 state["momentum_buffer"] = torch.zeros_like(p, dtype=g.dtype)
             bufs.append(state["momentum_buffer"])
         buf = _stack([_tall(b) for b in bufs]).mul_(mu).add_(grads)
+        update_dir = grads.add(buf, alpha=mu) if group["nesterov"] else buf
+        self._check(group, params, update_dir, "momentum / update direction")
         for b, new in zip(bufs, buf):
             b.copy_(_unpad(new, b))
         if not compute:
             return  # another rank computes this bank's update and broadcasts it
-        update_dir = grads.add(buf, alpha=mu) if group["nesterov"] else buf
         lr = group["lr"]
         W = _stack([_tall(_work(p)) for p in params])
         if self.capture is not None:
@@ -183,13 +199,24 @@ class ManifoldMuon(torch.optim.Optimizer):
                 W, update_dir, mf, alpha=group["alpha"], steps=group["dual_steps"],
                 method=group["method"], msign_steps=group["msign_steps"],
             )
-            W = mf.retract(W - lr * res.A)
-        if not bool(torch.isfinite(W).all()):
-            index = {id(q): i for i, q in enumerate(group["params"])}
-            names = ", ".join(self._name(group, index[id(p)]) for p in params)
-            raise FloatingPointError(f"update of [{names}] is not finite; these weights were left unchanged")
+            W = W - lr * res.A
+            self._check(group, params, W, "weight before the retraction")
+            W = mf.retract(W)
+        self._check(group, params, W, "updated weight")
         for p, w in zip(params, W):
             p.copy_(_unpad(w, p).to(p.dtype))
+
+
+    def _check(self, group, params, X: torch.Tensor, what: str) -> None:
+        """Raise FloatingPointError unless every matrix of the bank ``X`` has a finite
+        squared Frobenius norm: that excludes NaN and Inf, and values so large that a
+        Gram matrix or a norm of them overflows (every Gram entry is at most it)."""
+        if bool(torch.isfinite(X.square().sum(dim=(-2, -1))).all()):
+            return
+        index = {id(q): i for i, q in enumerate(group["params"])}
+        names = ", ".join(self._name(group, index[id(p)]) for p in params)
+        raise FloatingPointError(f"{what} of [{names}] is not finite (NaN, Inf or overflowing norm); "
+                                 "these weights were left unchanged")
 
 
 def _work(t: torch.Tensor) -> torch.Tensor:
