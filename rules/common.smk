@@ -101,11 +101,15 @@ def probe_run(prefer):
 
 
 def pairs_input(wildcards):
-    """Training (W, G) pairs for the absorption study: hetero has both manifolds."""
-    run = probe_run(("hetero", "hetero-inv", "stiefel", "dgram"))
-    if run is None or CFG["train"]["capture_pairs_step"] is None:
+    """Training (W, G) pairs for the absorption study, in order of preference (hetero has
+    both manifolds): every manifold run at the first seed. The study uses the first that
+    captured them; a run unstable before the capture step writes a "not captured" file."""
+    if CFG["train"]["capture_pairs_step"] is None:
         return []
-    return [f"{RUNS}/{run[0]}/seed{run[1]}/pairs.npz"]
+    prefer = ("hetero", "hetero-inv", "stiefel", "dgram")
+    constrained = [v for v in CFG["grid"]["assignments"] if v not in ("none", "adamw")]
+    order = list(dict.fromkeys([p for p in prefer if p in constrained] + constrained))
+    return [f"{RUNS}/{v}/seed{SEEDS[0]}/pairs.npz" for v in order]
 
 
 def spectral_input(wildcards):

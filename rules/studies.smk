@@ -1,8 +1,9 @@
 # Numerical studies: compute only (CSV + JSON); the report plots them.
 # The absorption study also measures (W, G) pairs captured in training when the
-# config captures them (train.capture_pairs_step), preferably from the hetero run
-# (both manifolds); the audits check a DGram-attention run's spectral log against
-# the singular-value growth bound (see probe_run in common.smk).
+# config captures them (train.capture_pairs_step), from the first manifold run that
+# has them (hetero preferred: both manifolds; see pairs_input); the audits check a
+# DGram-attention run's spectral log against the singular-value growth bound (see
+# probe_run in common.smk).
 
 ALPHA_FILES = [f"{STUDIES}/alpha_{f}" for f in ("derived.json", "summary.csv", "final.csv", "trajectories.csv")]
 ABSORPTION_FILES = [f"{STUDIES}/absorption_{f}" for f in ("derived.json", "summary.csv")] + [f"{STUDIES}/absorption.csv"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 __all__ = ["RUN_FILES", "variant_name", "parse_variant", "run_dir", "checkpoint_dir", "grid_variants",
-           "uses_dgram", "assignment_spec", "check_grid"]
+           "uses_dgram", "assignment_spec", "check_grid", "run_config"]
 
 #: The files every finished run has (what the workflow declares as outputs).
 RUN_FILES = ("summary.json", "metrics.csv", "eval.csv", "spectral.csv", "attention.csv")
@@ -52,6 +52,32 @@ def check_grid(grid: dict) -> None:
         raise ConfigError(f"grid.custom names may not end in -colnorm (reserved for the ablation): {bad}")
     for name in grid["assignments"]:
         assignment_spec(grid, name)
+    extra = sorted(set(grid.get("train_overrides", {})) - set(grid["assignments"]))
+    if extra:
+        raise ConfigError(f"grid.train_overrides names assignment(s) {extra} that are not in grid.assignments "
+                          f"({', '.join(grid['assignments'])})")
+
+
+def run_config(cfg: dict, assignment: str) -> dict:
+    """``cfg`` with ``grid.train_overrides[assignment]`` merged into its train section
+    (validated; a copy). The config of every run of that assignment."""
+    import copy
+
+    from .config import ConfigError, validate
+
+    over = cfg["grid"].get("train_overrides", {}).get(assignment)
+    if not over:
+        return cfg
+    out = copy.deepcopy(cfg)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out["train"].get(key), dict):
+            out["train"][key] = {**out["train"][key], **value}
+        else:
+            out["train"][key] = value
+    try:
+        return validate(out, source=f"config {cfg['name']!r} with grid.train_overrides.{assignment}")
+    except ConfigError as exc:
+        raise ConfigError(str(exc).replace("  train.", f"  grid.train_overrides.{assignment} -> train.")) from exc
 
 
 def variant_name(assignment: str, retraction: str = "paper", custom: dict | None = None) -> str:

@@ -47,7 +47,8 @@ from .config import ConfigError, config_hash, load_config
 from .diagnostics import ATTENTION_COLUMNS, SPECTRAL_COLUMNS, attention_stats, spectral_stats
 from .io import CsvLog, atomic_savez, atomic_torch_save, atomic_write, atomic_write_json
 from .model import GPT, SIZES, GPTConfig
-from .runs import assignment_spec, check_grid, checkpoint_dir, parse_variant, run_dir, variant_name
+from .runs import (assignment_spec, check_grid, checkpoint_dir, parse_variant, run_config, run_dir,
+                   variant_name)
 from .schedule import adamw_lr
 
 __all__ = ["main", "train", "EXIT_PREEMPTED", "build_model_config", "resolve_data"]
@@ -282,6 +283,11 @@ class Run:
     # -- evaluation -----------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self):
+        # the optimizers refuse to write diverged weights; this makes sure no
+        # diagnostic (svdvals, eigh) ever sees one, whatever path the weights took
+        bad = [n for n, p in self.model.named_parameters() if not bool(torch.isfinite(p.float().square().sum()))]
+        if bad:
+            raise FloatingPointError(f"weights {bad[:4]} hold NaN, Inf or overflowing values at step {self.step}")
         self.model.eval()
         losses = {}
         for split, ix in self.eval_ix.items():
@@ -396,12 +402,35 @@ class Run:
         if not self.master:
             return
         names = sorted(captured)
-        arrays = {"names": np.array(names), "manifolds": np.array([captured[n][0] for n in names])}
+        arrays = {"names": np.array(names), "manifolds": np.array([captured[n][0] for n in names]),
+                  "captured": np.array(True), "step": np.array(self.step), "reason": np.array("")}
         for i, n in enumerate(names):
             arrays[f"W_{i}"] = captured[n][1].float().cpu().numpy()
             arrays[f"G_{i}"] = captured[n][2].float().cpu().numpy()
         atomic_savez(self.dir / "pairs.npz", arrays)
         self.log(f"saved {len(names)} (W, G) pairs at step {self.step}")
+
+    def pairs_not_captured(self) -> str | None:
+        """Why this run holds no pairs at ``capture_pairs_step`` (None: it does, or none asked)."""
+        cs = self.tc["capture_pairs_step"]
+        if cs is None or (self.dir / "pairs.npz").exists():
+            return None
+        if self.opts.muon is None:
+            return f"assignment {self.assignment} has no Muon matrices"
+        if cs >= self.tc["max_iters"]:
+            return f"capture_pairs_step {cs} is not below max_iters {self.tc['max_iters']}"
+        if self.status == "unstable" and self.step <= cs:
+            return f"the run became unstable at step {self.onset} and stopped at step {self.step}, before step {cs}"
+        return f"no pairs were saved at step {cs} (the run stopped at step {self.step})"
+
+    def save_no_pairs(self, reason: str):
+        """The declared pairs output of a run that has none: an explicit, empty file."""
+        if not self.master:
+            return
+        atomic_savez(self.dir / "pairs.npz", {
+            "names": np.array([], dtype=str), "manifolds": np.array([], dtype=str), "captured": np.array(False),
+            "step": np.array(self.tc["capture_pairs_step"]), "reason": np.array(reason)})
+        self.log(f"no (W, G) pairs: {reason}")
 
     def write_summary(self, status: str | None = None, error: str | None = None):
         if not self.master:
@@ -465,6 +494,9 @@ class Run:
             self.log(f"non-finite values: {exc}")
             self._mark_unstable(self.step)
             stopped = True
+        missing = self.pairs_not_captured()
+        if missing:
+            self.save_no_pairs(missing)
         if self.master and tc["keep_final_checkpoint"]:
             atomic_torch_save(self.dir / "final.pt", self.model.state_dict())
         self.write_summary()
@@ -480,6 +512,11 @@ class Run:
 def train(cfg: dict, assignment: str, seed: int, retraction: str | None = None,
           out_root: str | Path = "results") -> int:
     """Run (or resume) one training run; returns the process exit status."""
+    try:
+        cfg = run_config(cfg, assignment)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     retraction = retraction or cfg["train"]["dgram_retraction"]
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     if world > 1:

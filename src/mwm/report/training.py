@@ -85,6 +85,11 @@ def fig_val_loss(runs, out: Path, variants: list[str], stem: str, title: str) ->
             at = ev.index[ev.index >= onset]
             if len(at):
                 axes[0].plot(at[0], ev.loc[at[0]], "x", color=style.color(v), ms=6, mew=1.5)
+            else:  # stopped at the onset before another evaluation: mark the onset step
+                # at the last finite val loss, where the curve ends
+                before = ev[(ev.index < onset) & np.isfinite(ev.values)]
+                if len(before):
+                    axes[0].plot(onset, before.iloc[-1], "x", color=style.color(v), ms=6, mew=1.5)
     axes[0].set(title=f"{title}: full trajectory (x: onset of instability)", xlabel="step", ylabel="val loss")
     axes[1].set(title=f"stable runs from step {zoom_from}", xlabel="step")
     if stable_vals:

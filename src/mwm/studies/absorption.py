@@ -20,6 +20,12 @@ an NPZ with ``names``, ``manifolds``, ``W_<i>``, ``G_<i>``): each pair's weight 
 used as it is (possibly slightly off the manifold), with every configured variant of
 its manifold (``dgram`` pairs with each configured DGram retraction, the released
 one if none is configured). Pairs of plain-Muon or AdamW parameters are skipped.
+Several files may be given in order of preference: the first that holds captured
+pairs is used. A run that has none (AdamW only, or unstable before the capture
+step) writes a file with ``captured = False`` and its ``reason``; such files are
+passed over and listed with their reasons in ``absorption_derived.json``
+(``pairs_not_captured``), and with no captured file at all the study runs on
+random pairs only.
 
 Outputs under ``--out``: ``absorption.csv`` (``manifold, n, seed, T, e_A, e_pre,
 e_W, e_W_step, violation``), ``absorption_summary.csv`` (seed means),
@@ -94,6 +100,32 @@ def _check_snapshots(sec: dict) -> list[int]:
 
 
 # -- training pairs --------------------------------------------------------------------
+
+def not_captured_reason(path: str | Path) -> str | None:
+    """The reason a training run gave for holding no pairs (``captured = False`` in
+    its file), or None for a file of captured pairs."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"pairs file {path} does not exist")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            if "captured" not in npz.files or bool(npz["captured"]):
+                return None
+            return str(npz["reason"]) if "reason" in npz.files else "not captured (no reason given)"
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"pairs file {path} is not a readable NPZ: {exc}") from exc
+
+
+def choose_pairs(paths: Sequence[str | Path]) -> tuple[str | None, list[dict] | None, list[dict]]:
+    """(the first file of captured pairs, its pairs, the files passed over with their reasons)."""
+    passed = []
+    for path in paths:
+        reason = not_captured_reason(path)
+        if reason is None:
+            return str(path), load_pairs(path), passed
+        passed.append({"file": str(path), "reason": reason})
+    return None, None, passed
+
 
 def load_pairs(path: str | Path) -> list[dict]:
     """Read an NPZ of training pairs; errors name the file and the key."""
@@ -182,16 +214,21 @@ def run_pairs(sec: dict, pairs: list[dict], device: torch.device, max_elements: 
 
 # -- the study -------------------------------------------------------------------------------
 
-def run_absorption(cfg: dict, out: str | Path, config_path: str | None = None, pairs: str | None = None,
-                   log=print) -> dict:
-    """Run the absorption study (random pairs, plus training pairs when given) into ``out``."""
+def run_absorption(cfg: dict, out: str | Path, config_path: str | None = None,
+                   pairs: str | Sequence[str] | None = None, log=print) -> dict:
+    """Run the absorption study (random pairs, plus training pairs when given: one file or
+    several in order of preference, see the module doc) into ``out``."""
     studies = cfg["studies"]
     sec = studies["absorption"]
     device = resolve_device(studies["device"])
     out = Path(out)
     Ts = _check_snapshots(sec)
-    pairs_path = pairs if pairs is not None else sec["pairs"]
-    loaded = load_pairs(pairs_path) if pairs_path else None  # fail early on a bad file
+    candidates = pairs if pairs is not None else sec["pairs"]
+    if isinstance(candidates, (str, Path)):
+        candidates = [candidates]
+    pairs_path, loaded, passed = choose_pairs(candidates or [])  # fail early on a bad file
+    for p in passed:
+        log(f"absorption: passing over {p['file']}: {p['reason']}")
     t0 = time.perf_counter()
     seeds = int(sec["seeds"])
     rows = []
@@ -223,6 +260,7 @@ def run_absorption(cfg: dict, out: str | Path, config_path: str | None = None, p
         write_csv(out / "absorption_pairs.csv", pair_cols, pair_rows)
     derived = derive_absorption(sec, summary, pair_rows if loaded is not None else None, skipped)
     derived["pairs_file"] = str(pairs_path) if pairs_path else None
+    derived["pairs_not_captured"] = passed
     derived["meta"] = run_meta(sec, device, wall, config_path)
     write_json(out / "absorption_derived.json", derived)
     return derived
@@ -341,8 +379,10 @@ def main(argv=None) -> int:
         "Absorption study: e_A(T), e_W(T) of early-stopped dual ascent against a long reference run, on random "
         "square pairs per manifold variant and size, and on (W, G) pairs captured in training (--pairs).",
         run_absorption,
-        extra=lambda p: p.add_argument("--pairs", default=None,
-                                       help="NPZ of training (W, G) pairs (overrides studies.absorption.pairs)"),
+        extra=lambda p: p.add_argument("--pairs", default=None, nargs="+", metavar="NPZ",
+                                       help="NPZ(s) of training (W, G) pairs, in order of preference: the "
+                                            "first with captured pairs is used (overrides "
+                                            "studies.absorption.pairs)"),
         extra_kwargs=lambda a: {"pairs": a.pairs},
         argv=argv)
 
