@@ -75,7 +75,8 @@ def fig_val_loss(runs, out: Path, variants: list[str], stem: str, title: str) ->
             if not part:
                 continue
             sel = x >= (zoom_from if ax is axes[1] else 0)
-            ax.plot(x[sel], mean[sel], color=style.color(v), ls=style.linestyle(v), label=lab)
+            ax.plot(x[sel], mean[sel], color=style.color(v), ls=style.linestyle(v), label=lab,
+                    marker="." if sel.sum() == 1 else None)  # a run stopped after one evaluation
             if len(rs) > 1:
                 ax.fill_between(x[sel], lo[sel], hi[sel], color=style.color(v), alpha=0.2, lw=0)
         if status == "Stable":

@@ -1,0 +1,90 @@
+"""Training jobs through Snakemake itself (local executor, a throwaway working folder).
+
+- An unstable run and an AdamW run complete as jobs with every declared output, and
+  the absorption study passes over their "not captured" pairs files to a run that
+  reached the capture step.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("snakemake") is None,
+                                reason="snakemake not installed (pip install -e '.[workflow]')")
+
+BASE = {
+    "data": {"corpus": "shakespeare", "vocab_size": 256, "split": "tail", "val_fraction": 0.1},
+    "model": {"n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 16},
+    "train": {"batch_size": 4, "max_iters": 12, "warmup_iters": 2, "lr_decay_iters": 12, "eval_interval": 4,
+              "eval_iters": 1, "probe_batch": 2, "log_interval": 4, "checkpoint_interval": 4,
+              "dual_ascent_steps": 3, "device": "cpu", "keep_final_checkpoint": False},
+    "workflow": {"retries": 0, "resources": {k: {"threads": 1, "mem_mb": 500, "runtime": 5}
+                                             for k in ("data", "study", "train", "report")}},
+    "studies": {"device": "cpu",
+                "absorption": {"sizes": [8], "seeds": 1, "reference_iterations": 12, "snapshots": [2, 4],
+                               "flatness_T": [2, 4]}},
+}
+
+
+def write_config(folder: Path, name: str, **sections) -> Path:
+    cfg = yaml.safe_load(yaml.safe_dump(BASE))
+    cfg["name"] = name
+    for section, values in sections.items():
+        cfg.setdefault(section, {}).update(values)
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def snakemake(workdir: Path, config: Path, *targets: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    env.pop("SNAKEMAKE_PROFILE", None)
+    return subprocess.run(
+        [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "-d", str(workdir), "--cores", "2",
+         *targets, "--configfile", str(config)],
+        cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_unstable_and_adamw_runs_complete_and_absorption_finds_pairs(tmp_path):
+    # hetero is the preferred pairs source; its huge AdamW learning rate (weight decay
+    # factor 1 - lr wd of about -1000) overflows the embeddings within a few steps,
+    # long before capture_pairs_step; stiefel reaches it
+    cfg = write_config(tmp_path, "div", train={**BASE["train"], "capture_pairs_step": 8},
+                       grid={"assignments": ["hetero", "stiefel", "adamw"],
+                             "train_overrides": {"hetero": {"learning_rate": 1.0e4}}})
+    runs = tmp_path / "results" / "runs" / "div"
+    targets = [f"results/runs/div/{v}/seed0/summary.json" for v in ("hetero", "stiefel", "adamw")]
+    targets.append("results/studies/div/absorption_derived.json")
+    res = snakemake(tmp_path, cfg, *targets)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+
+    summary = {v: json.loads((runs / v / "seed0" / "summary.json").read_text()) for v in ("hetero", "stiefel", "adamw")}
+    assert summary["hetero"]["status"] == "unstable"
+    assert 0 <= summary["hetero"]["onset_step"] < 8 and summary["hetero"]["steps_done"] <= 8
+    assert summary["stiefel"]["status"] == summary["adamw"]["status"] == "completed"
+    for v in ("hetero", "stiefel", "adamw"):  # every declared output is there
+        for f in ("metrics.csv", "eval.csv", "spectral.csv", "attention.csv", "pairs.npz"):
+            assert (runs / v / "seed0" / f).is_file(), (v, f)
+        assert (runs / v / "seed0" / "spectra").is_dir()
+    with np.load(runs / "hetero" / "seed0" / "pairs.npz") as z:
+        assert not bool(z["captured"]) and len(z["names"]) == 0 and "unstable" in str(z["reason"])
+    with np.load(runs / "adamw" / "seed0" / "pairs.npz") as z:
+        assert not bool(z["captured"]) and "no Muon matrices" in str(z["reason"])
+    with np.load(runs / "stiefel" / "seed0" / "pairs.npz") as z:
+        assert bool(z["captured"]) and int(z["step"]) == 8 and len(z["names"]) == 4
+
+    derived = json.loads((tmp_path / "results" / "studies" / "div" / "absorption_derived.json").read_text())
+    assert derived["pairs_file"].endswith("stiefel/seed0/pairs.npz")
+    assert [Path(p["file"]).parts[-3] for p in derived["pairs_not_captured"]] == ["hetero"]
+    assert derived["pairs"]["per_pair"]
