@@ -5,6 +5,7 @@ from snakemake.exceptions import WorkflowError
 
 from mwm.config import ConfigError, load_config
 from mwm.data import dataset_dir
+from mwm.launch import ranks_per_run
 from mwm.runs import RUN_FILES, check_grid, grid_variants
 
 # The file the entry points read: the last --configfile, else the default.
@@ -17,6 +18,7 @@ def _load():
     try:
         cfg = load_config(CONFIG_FILE)
         check_grid(cfg["grid"])
+        ranks_per_run(cfg)
     except ConfigError as exc:
         raise WorkflowError(str(exc))
     if validated_snakemake_config() != cfg:
@@ -65,6 +67,10 @@ def res(stage):
     out = {"mem_mb": r["mem_mb"], "runtime": r["runtime"], **SITE}
     if r["gpu"]:
         out["gpu"] = r["gpu"]
+    if stage == "train" and ranks_per_run(CFG) > 1:
+        # mwm.train starts the ranks itself (torchrun --standalone): one task on one node
+        # with every GPU and thread of the run (SLURM tasks would rerun the whole job step)
+        out["nodes"] = 1
     return out
 
 

@@ -1,6 +1,7 @@
 # Training: one job per (assignment variant, seed). A job cut by a time limit or
 # preemption exits with 75 after a checkpoint (kept outside the declared outputs,
-# under results/checkpoints/); the retry resumes from it.
+# under results/checkpoints/); the retry resumes from it. A config with more than one
+# rank per run: mwm.train starts the ranks itself (mwm.launch), one node (see res()).
 
 
 rule train:

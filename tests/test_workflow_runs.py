@@ -88,3 +88,60 @@ def test_unstable_and_adamw_runs_complete_and_absorption_finds_pairs(tmp_path):
     assert derived["pairs_file"].endswith("stiefel/seed0/pairs.npz")
     assert [Path(p["file"]).parts[-3] for p in derived["pairs_not_captured"]] == ["hetero"]
     assert derived["pairs"]["per_pair"]
+
+
+# Square matrices left to plain Muon, as in test_train.py's DDP test: a square W's dual
+# ascent amplifies the all-reduce's rounding, which would test that chaos, not the ranks.
+DDP = {"assignments": ["ddp"], "custom": {"ddp": {"*.attn.c_attn.*": "stiefel", "*.mlp.*": "dgram"}}}
+LONG = {**BASE["train"], "max_iters": 24, "lr_decay_iters": 24, "eval_interval": 8, "checkpoint_interval": 4,
+        "keep_final_checkpoint": True}
+
+
+def test_two_ranks_through_snakemake_equal_one_rank_and_resume_after_kill(tmp_path):
+    import signal
+    import time
+
+    import torch
+
+    wf = {**BASE["workflow"], "resources": {**BASE["workflow"]["resources"],
+                                            "train": {"threads": 2, "mem_mb": 500, "runtime": 5}}}
+    one = write_config(tmp_path, "one", train={**LONG, "grad_accum": 2}, grid=DDP, workflow=wf)
+    two = write_config(tmp_path, "two", train=LONG, grid=DDP, workflow={**wf, "ranks_per_run": 2})
+    target = "results/runs/{}/ddp/seed0/summary.json"
+
+    dry = snakemake(tmp_path, two, target.format("two"), "-n")
+    assert dry.returncode == 0 and "nodes=1" in dry.stdout, dry.stdout[-2000:]
+    res = snakemake(tmp_path, one, target.format("one"))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+
+    # the 2-rank job, killed with SIGKILL (Snakemake, launcher, torchrun and both ranks)
+    # once it has a checkpoint, then started again
+    env = dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "-d", str(tmp_path), "--cores", "2",
+           target.format("two"), "--configfile", str(two)]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ckpt = tmp_path / "results" / "checkpoints" / "two" / "ddp" / "seed0" / "ckpt.pt"
+    t0 = time.time()
+    while not ckpt.exists():
+        assert proc.poll() is None, "the 2-rank job ended before its first checkpoint"
+        assert time.time() - t0 < 300, "no checkpoint after 300 s"
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    d = tmp_path / "results" / "runs" / "two" / "ddp" / "seed0"
+    assert not (d / "summary.json").exists(), "killed too late: the run had finished"
+    assert snakemake(tmp_path, two, "--unlock").returncode == 0
+    res = snakemake(tmp_path, two, target.format("two"), "--rerun-incomplete")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    log = (tmp_path / "logs" / "two" / "train" / "ddp" / "seed0.log").read_text()
+    assert "launching 2 ranks" in log and "resumed from" in log
+
+    s = json.loads((d / "summary.json").read_text())
+    assert s["status"] == "completed" and s["world_size"] == 2 and s["steps_done"] == 24
+    ref = tmp_path / "results" / "runs" / "one" / "ddp" / "seed0"
+    steps = [line.split(",")[0] for line in (d / "metrics.csv").read_text().splitlines()[1:]]
+    assert steps == [str(i) for i in range(24)]  # resumed logs: every step once
+    a, b = torch.load(ref / "final.pt"), torch.load(d / "final.pt")
+    for k in a:
+        assert torch.allclose(a[k], b[k], atol=1e-4, rtol=1e-3), k

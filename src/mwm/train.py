@@ -46,6 +46,7 @@ from .assignments import build_optimizers
 from .config import ConfigError, config_hash, load_config
 from .diagnostics import ATTENTION_COLUMNS, SPECTRAL_COLUMNS, attention_stats, spectral_stats
 from .io import CsvLog, atomic_savez, atomic_torch_save, atomic_write, atomic_write_json
+from .launch import launch, ranks_per_run, worker_exit, worker_started
 from .model import GPT, SIZES, GPTConfig
 from .runs import (assignment_spec, check_grid, checkpoint_dir, parse_variant, run_config, run_dir,
                    variant_name)
@@ -482,6 +483,10 @@ class Run:
                     break
                 self.train_step()
                 self.step += 1
+                if self.world > 1:  # every rank stops at the same step, whichever got the signal
+                    flag = torch.tensor([float(self.stop_flag)], device=self.device)
+                    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+                    self.stop_flag = bool(flag.item())
                 if self.stop_flag:
                     raise Preempted()
                 if self.step % tc["checkpoint_interval"] == 0:
@@ -556,7 +561,11 @@ def main(argv=None) -> int:
     ap.add_argument("--retraction", choices=["paper", "colnorm"], default=None,
                     help="DGram retraction (default: train.dgram_retraction of the config)")
     ap.add_argument("--out", default="results", help="results root (default: results)")
-    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch CPU threads of the run, split across its ranks (default: torch's choice)")
+    ap.add_argument("--nproc", type=int, default=None,
+                    help="DDP ranks for this run (default: the config's, see mwm.launch.ranks_per_run); more "
+                         "than 1 relaunches this command as that many ranks under torchrun (mwm.launch)")
     ap.add_argument("overrides", nargs="*", help="config overrides, dotted.key=value")
     args = ap.parse_args(argv)
     try:
@@ -565,12 +574,19 @@ def main(argv=None) -> int:
         assignment, suffix_retraction = parse_variant(args.assignment)
         assignment_spec(cfg["grid"], assignment)
         retraction = args.retraction or (suffix_retraction if args.assignment.endswith("-colnorm") else None)
+        nproc = args.nproc or ranks_per_run(cfg)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if nproc > 1 and "WORLD_SIZE" not in os.environ:
+        rest = ["--config", args.config, "--assignment", args.assignment, "--seed", str(args.seed),
+                "--out", args.out, *(["--retraction", args.retraction] if args.retraction else []),
+                *args.overrides]
+        return launch(nproc, rest, args.threads)
     if args.threads:
         torch.set_num_threads(args.threads)
-    return train(cfg, assignment, args.seed, retraction, args.out)
+    worker_started()
+    return worker_exit(train(cfg, assignment, args.seed, retraction, args.out))
 
 
 if __name__ == "__main__":
