@@ -145,3 +145,36 @@ def test_two_ranks_through_snakemake_equal_one_rank_and_resume_after_kill(tmp_pa
     a, b = torch.load(ref / "final.pt"), torch.load(d / "final.pt")
     for k in a:
         assert torch.allclose(a[k], b[k], atol=1e-4, rtol=1e-3), k
+
+
+def test_launched_ranks_checkpoint_and_exit_75_on_a_scheduler_signal(tmp_path):
+    """SIGUSR1 to the whole job (as `sbatch --signal`): torchrun ignores it, the launcher
+    forwards it, both ranks stop at the same step, one checkpoint, exit status 75."""
+    import signal
+    import time
+
+    long = {**LONG, "max_iters": 2000, "lr_decay_iters": 2000, "eval_interval": 1000, "checkpoint_interval": 1000}
+    cfg = write_config(tmp_path, "sig", train=long, grid=DDP, workflow={**BASE["workflow"], "ranks_per_run": 2})
+    env = dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    prep = subprocess.run([sys.executable, "-m", "mwm.data", "prepare", "--config", str(cfg)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert prep.returncode == 0, prep.stderr[-2000:]
+    proc = subprocess.Popen([sys.executable, "-m", "mwm.train", "--config", str(cfg), "--assignment", "ddp",
+                             "--seed", "0", "--threads", "2", "--out", "results"], cwd=tmp_path, env=env,
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics = tmp_path / "results" / "runs" / "sig" / "ddp" / "seed0" / "metrics.csv"
+    t0 = time.time()
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) > 5):
+        assert proc.poll() is None and time.time() - t0 < 300
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGUSR1)
+    assert proc.wait(timeout=300) == 75
+    ck = torch_load(tmp_path / "results" / "checkpoints" / "sig" / "ddp" / "seed0" / "ckpt.pt")
+    assert 5 <= ck["step"] < 2000
+    assert len(metrics.read_text().splitlines()) - 1 == ck["step"]
+
+
+def torch_load(path):
+    import torch
+
+    return torch.load(path, map_location="cpu", weights_only=False)

@@ -16,7 +16,7 @@ What a single process does, the launcher keeps for N:
 - SIGTERM / SIGUSR1 (a scheduler's warning) reach every rank, which agree on the
   step to stop at, write one checkpoint and exit 75; the launcher then exits 75
   too (torchrun alone would report a failure, and dies on SIGUSR1);
-- otherwise the exit status is rank 0's (torchrun's when a rank crashed).
+- otherwise the exit status is the ranks' common one (torchrun's when a rank crashed).
 """
 
 from __future__ import annotations
@@ -134,11 +134,9 @@ def launch(nproc: int, train_args: list[str], threads: int | None = None, wait_s
             for s, h in old.items():
                 signal.signal(s, h)
         codes = _read(folder, "rc")
-    from .train import EXIT_PREEMPTED
-
-    if len(codes) == nproc and set(codes.values()) == {EXIT_PREEMPTED}:
-        return EXIT_PREEMPTED
-    if rc == 0 or (len(codes) == nproc and set(codes.values()) == {0}):
+    if len(codes) == nproc and len(set(codes.values())) == 1:
+        return codes[0]  # every rank ended the same way: completed, preempted (75), bad input (2)
+    if rc == 0:
         return 0
     return rc if rc > 0 else 1
 
