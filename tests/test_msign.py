@@ -157,3 +157,32 @@ def test_bf16_precision_through_msign_and_float32_control():
 def test_bf16_msign_of_zero_is_zero_as_released():
     # the released code divides by ||x||_F without an epsilon and then nan_to_num's the result
     assert torch.equal(msign_bf16(torch.zeros(3, 8, 4)), torch.zeros(3, 8, 4))
+
+
+def test_bf16_precision_threads_through_dual_ascent_retraction_and_optimizer():
+    from mwm.dual_ascent import dual_ascent, manifold_muon_update
+    from mwm.manifolds import get_manifold, rms
+    from mwm.optim import ManifoldMuon
+
+    g = torch.Generator().manual_seed(7)
+    W = polar_exact(torch.randn(3, 96, 32, generator=g))
+    G = torch.randn(3, 96, 32, generator=g)
+    mf = get_manifold("stiefel")
+    res = {p: dual_ascent(W, G, mf, alpha=0.1, steps=10, precision=p) for p in ("float32", "bfloat16")}
+    # the bf16 direction differs from the float32 one at bf16 resolution, not more
+    rel = float((res["bfloat16"].A - res["float32"].A).norm() / res["float32"].A.norm())
+    assert 1e-3 < rel < 0.1
+    with pytest.raises(ValueError, match="gram"):
+        dual_ascent(W, G, mf, method="gram", precision="bfloat16")
+    eye = torch.eye(32)
+    for p, lo, hi in (("float32", 0, 1e-5), ("bfloat16", 1e-4, 5e-2)):
+        W1 = manifold_muon_update(W, G, "stiefel", eta=0.1, steps=5, precision=p)
+        resid = float(rms(W1.mT @ W1 - eye).max())
+        assert lo <= resid < hi, (p, resid)
+    w = torch.nn.Parameter(W[0].clone())
+    with pytest.raises(ValueError, match="precision"):
+        ManifoldMuon([{"params": [w], "manifold": "stiefel"}], msign_precision="half")
+    opt = ManifoldMuon([{"params": [w], "manifold": "stiefel"}], msign_precision="bfloat16")
+    w.grad = G[0].clone()
+    opt.step()
+    assert bool(torch.isfinite(w).all()) and not torch.equal(w.detach(), W[0])
