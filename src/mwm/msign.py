@@ -151,8 +151,8 @@ def msign(
     """Polar Express approximation of the polar factor of ``G`` (``..., m, n``).
 
     ``precision="bfloat16"`` runs the released code's bfloat16 iteration
-    (:func:`msign_bf16`, emulated; ``dtype`` and ``method`` do not apply) and
-    returns float32.
+    (:func:`msign_bf16`: real bfloat16 on CUDA, emulated elsewhere; ``dtype`` and
+    ``method`` do not apply) and returns float32.
 
     Batched over leading dimensions; tall and wide inputs. Runs in float32 unless
     ``dtype`` asks for bfloat16 (GPU only). ``method`` is ``direct`` (iterate on
@@ -163,7 +163,7 @@ def msign(
     if method not in ("auto", "direct", "gram"):
         raise ValueError(f"unknown msign method {method!r}; choose auto, direct or gram")
     if check_precision(precision) == "bfloat16":
-        return msign_bf16(G, steps)
+        return msign_bf16(G, steps, native=G.device.type == "cuda")
     X = G.to(_work_dtype(G, dtype))
     transpose = X.shape[-2] < X.shape[-1]
     if transpose:
