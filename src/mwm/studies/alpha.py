@@ -206,7 +206,8 @@ def derive_alpha(sec: dict, results: dict, precisions: Sequence[str] = ("float32
     precisions = list(precisions)
     out = {"grid": alpha_grid(sec["alpha_grid"]), "alphas_run": run_alphas(sec)[0],
            "iterations": sec["iterations"], "seeds": sec["seeds"], "paper": PAPER,
-           "faithful": precisions[0], "precisions": precisions, "protocols": {}}
+           "faithful": precisions[0], "precisions": precisions, "universal_alpha": sec["universal_alpha"],
+           "default_alpha": sec["default_alpha"], "protocols": {}}
     for p in precisions:
         square = {(v, i, n): r for (v, i, pp, m, n), r in results.items() if pp == p and m == n}
         proto = _derive_square(sec, square)
