@@ -116,7 +116,8 @@ def _work_dtype(G: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
     if dtype is None:
         return torch.float32 if G.dtype in (torch.float16, torch.bfloat16) else G.dtype
     if dtype in (torch.bfloat16, torch.float16) and G.device.type == "cpu":
-        raise ValueError(f"msign in {dtype} is only allowed on GPU; CPU runs in float32")
+        raise ValueError(f"msign dtype={dtype} (a plain low-precision iteration) is GPU only; for the released "
+                         "bfloat16 numerics on any device use precision='bfloat16'")
     return dtype
 
 

@@ -331,7 +331,9 @@ def _training_entries(L: _Ledger, results: pd.DataFrame, runs, cfg: dict) -> Non
         if v in res.index:
             status, onsets = res.loc[v, "status"], res.loc[v, "onset_steps"]
             unstable = str(status).startswith("Unstable")
-            x = float(np.median(onsets)) if unstable and len(onsets) else None
+            steps = [r.summary["onset_step"] for (vv, _), r in runs.items()
+                     if vv == v and r.summary["status"] == "unstable" and r.summary.get("onset_step") is not None]
+            x = float(np.median(steps)) if unstable and steps else None
             L.add(f"instability.{v}", f"{status}" + (f", onset {onsets}" if unstable else ""), x, seeds=nseeds,
                   source=src, reason=f"stable over {cfg['train']['max_iters']} steps")
     _instability_shapes(L, runs, nseeds)

@@ -552,8 +552,9 @@ def audit_gelu(lo: float = -10.0, hi: float = 10.0, step: float = 1e-4) -> dict:
     out = {}
     for form in ("none", "tanh"):
         (g,) = torch.autograd.grad(torch.nn.functional.gelu(x, approximate=form).sum(), x)
+        g = g.detach()
         k = int(g.abs().argmax())
-        out["erf" if form == "none" else "tanh"] = {"max_abs_derivative": float(g.abs()[k]), "at_x": float(x[k])}
+        out["erf" if form == "none" else "tanh"] = {"max_abs_derivative": float(g.abs()[k]), "at_x": float(x.detach()[k])}
     worst = max(v["max_abs_derivative"] for v in out.values())
     return {**out, "grid": {"lo": lo, "hi": hi, "step": step}, "max": worst, "paper_bound": paper.GELU_BOUND,
             "holds": worst <= paper.GELU_BOUND}
