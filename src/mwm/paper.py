@@ -9,7 +9,8 @@ result falls:
 1. ``needs``: a capability the rebuilt value must come from (``any``: every
    config; ``long``: the ``long`` config or paper scale; ``paper``: GPT-2 small on
    OpenWebText for 50k steps; ``n=768``, ``alpha-range`` ...: a study grid that
-   covers the paper's). Without it the verdict is "not comparable at this scale",
+   covers the paper's; ``absorption-protocol``: the paper's 200-iteration reference,
+   alpha = eta = 0.1, T = 20 and T = 5 vs 100). Without it the verdict is "not comparable at this scale",
    decided before the value is read, and the row names the config that rebuilds it.
 2. ``min_seeds``: fewer seeds than that is "too few seeds".
 3. the kind: ``window`` (reproduced iff ``lo <= x <= hi``), ``audit`` (a statement
@@ -96,6 +97,7 @@ def _factor(x: float, f: float, **kw) -> Rule:
 _A = "config/paper.yaml (studies: n = 16..1024)"
 _P = "config/paper.yaml (GPT-2 small, OpenWebText, 50k steps)"
 _L = "config/long.yaml (or paper scale)"
+_ABS = "config/config.yaml or paper.yaml (the paper's absorption protocol: 200 reference iterations, T = 20, T = 5 vs 100)"
 
 CLAIMS: tuple[Claim, ...] = (
     # --- Section 2: the alpha study ----------------------------------------------------------
@@ -139,20 +141,22 @@ CLAIMS: tuple[Claim, ...] = (
                "compared size (n = 64 and 768 where run)", needs="control"), "studies.precisions [bfloat16, float32]"),
     # --- Section 3: absorption --------------------------------------------------------------------
     Claim("absorb.eA", "e_A(20) across sizes (Stiefel, seed means, n >= 32)", "3", "8-16%",
-          _w(0.06, 0.20, "every size in 6-20% (the paper's range widened by 25% at each end)"), "", (0.08, 0.16)),
+          _w(0.06, 0.20, "every size in 6-20% (the paper's range widened by 25% at each end)",
+             needs="absorption-protocol"), _ABS, (0.08, 0.16)),
     Claim("absorb.eA_nonmonotone", "e_A(T) rises in the first iterations and decreases from about T = 30: "
           "T of the largest e_A (median over sizes)", "3", "rises, peak before ~30",
-          _w(10, 50, "peak at T in 10..50 (after the first snapshot, T = 5)"), "", 30),
+          _w(10, 50, "peak at T in 10..50 (after the first snapshot, T = 5)", needs="absorption-protocol"), _ABS, 30),
     Claim("absorb.eW", "e_W(20) across sizes (Stiefel, seed means, n >= 32)", "3", "about 0.7%, under 1%",
-          _w(0.0, 0.01, "every size below 1%"), "", 0.007),
+          _w(0.0, 0.01, "every size below 1%", needs="absorption-protocol"), _ABS, 0.007),
     Claim("absorb.compression", "compression e_A / e_W at T = 20 (the number)", "3", "12-16x",
-          _w(9.0, 20.0, "every size in 9-20x (the paper's range widened by 25%)"), "", (12.0, 16.0)),
+          _w(9.0, 20.0, "every size in 9-20x (the paper's range widened by 25%)", needs="absorption-protocol"), _ABS,
+          (12.0, 16.0)),
     Claim("absorb.mechanism", "the retraction compresses the error (mechanism): the retraction's own factor "
           "once the 1/eta of comparing a direction with a weight is taken out", "3", "12-16x from the retraction",
           Rule("audit", text="contradicted iff the retraction's own factor is below 2x at every size "
                "(sqrt(1 + eta^2)/eta = 10.05 at eta = 0.1 with no retraction at all)"), ""),
     Claim("absorb.flat", "e_W(5) / e_W(100): retracted weight nearly flat in T", "3", "within ~1.3x",
-          _w(1 / 1.6, 1.6, "every size within 1.6x (1.3 widened by 25%)"), "", 1.3),
+          _w(1 / 1.6, 1.6, "every size within 1.6x (1.3 widened by 25%)", needs="absorption-protocol"), _ABS, 1.3),
     # --- Section 4: training -------------------------------------------------------------------------
     *(Claim(f"loss.{v}", f"final val loss, {v}", "4 (Table 4)", f"{p}",
             _w(p - 0.03, p + 0.03, "within 0.03 nats", needs="paper"), _P, p) for v, p in LOSSES.items()),

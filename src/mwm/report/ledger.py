@@ -53,6 +53,10 @@ def capabilities(cfg: dict) -> set[str]:
             caps.add("n>=512")
         if sizes and min(sizes) <= 32 and max(sizes) >= 768:
             caps.add("alpha-range")
+    ab = st.get("absorption") or {}
+    if (ab.get("reference_iterations") == 200 and ab.get("report_T") == 20 and ab.get("eta") == 0.1
+            and ab.get("alpha") == 0.1 and list(ab.get("flatness_T") or []) == [5, 100]):
+        caps.add("absorption-protocol")
     precs = list(st.get("precisions") or [])
     if precs[:1] == ["bfloat16"] and "float32" in precs[1:]:
         caps.add("control")
