@@ -197,6 +197,12 @@ def test_shipped_configs_validate_with_the_papers_grid():
     assert paper["absorption"]["reference_iterations"] == 200 and paper["absorption"]["eta"] == 0.1
     assert paper["absorption"]["snapshots"] == [5, 10, 20, 30, 50, 75, 100, 150]
     assert paper["absorption"]["manifolds"] == ["stiefel", "dgram-paper", "dgram-colnorm", "oblique"]
+    # the faithful protocol first, float32 as the control; tall GPT-2 shapes in the alpha grid
+    assert paper["precisions"] == ["bfloat16", "float32"] and paper["alpha"]["tall_aspects"] == [3, 4]
+    assert load_config(os.path.join(root, "paper.yaml"))["train"]["msign_precision"] == "bfloat16"
+    long = load_config(os.path.join(root, "long.yaml"))
+    assert long["train"]["msign_precision"] == "bfloat16" and long["train"]["max_iters"] >= 2000
+    assert long["grid"]["assignments"] == ["none", "stiefel", "dgram", "hetero", "hetero-inv"]
     for name in ("ci.yaml", "config.yaml"):
         load_config(os.path.join(root, name))
 
