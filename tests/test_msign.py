@@ -92,3 +92,97 @@ def test_default_msign_is_bounded_on_nearly_low_rank_input():
     g = torch.Generator().manual_seed(3)
     G = torch.randn(300, 2, generator=g) @ torch.randn(2, 100, generator=g) + 1e-3 * torch.randn(300, 100, generator=g)
     assert torch.linalg.matrix_norm(msign(G), 2) <= 1 + 1e-3
+
+
+# --- bfloat16 precision (the released numerics) -------------------------------------------
+
+from mwm.msign import check_precision, msign_bf16, round_bf16  # noqa: E402
+
+
+def _bf16_rel(A, B):
+    return float((A - B).norm() / B.norm())
+
+
+def test_emulated_bf16_gemm_matches_a_true_bf16_gemm():
+    # GPU-style bf16 GEMM: bf16 operands, float32 accumulation, bf16 result. The
+    # emulation rounds a float32 product of bf16-exact operands; a true bf16 matmul
+    # may accumulate in another order, so allow one bf16 ulp on a few entries.
+    g = torch.Generator().manual_seed(3)
+    for k in (16, 64):
+        A = torch.randn(4, 24, k, generator=g).bfloat16()
+        B = torch.randn(4, k, 20, generator=g).bfloat16()
+        true = (A @ B).float()
+        emu = round_bf16(A.float() @ B.float())
+        diff = (true - emu).abs()
+        ulp = true.abs() * 2.0**-7
+        assert bool((diff <= ulp + 1e-30).all())
+        assert float((diff > 0).float().mean()) <= 0.01
+        # and rounding is really to bf16: a float32 product differs from both
+        assert not torch.equal(A.float() @ B.float(), emu)
+
+
+@pytest.mark.parametrize("shape", [(16, 16), (64, 64), (192, 64), (32, 96)])
+def test_emulated_bf16_msign_is_close_to_true_bf16(shape):
+    g = torch.Generator().manual_seed(11)
+    G = torch.randn(4, *shape, generator=g)
+    native = msign_bf16(G, native=True)
+    cpu_like = msign_bf16(G, scalars="bfloat16")  # PyTorch CPU narrows the scalars of add_
+    exact = polar_exact(G)
+    bf16_error = _bf16_rel(native, exact)
+    assert 3e-3 < bf16_error < 6e-2  # bfloat16 resolution, far from float32's
+    # The emulation and true bf16 differ only by rare rounding flips (matmul
+    # accumulation order) that the iteration carries on: below bf16's own error, and
+    # the same distance from the exact polar factor.
+    assert _bf16_rel(cpu_like, native) < bf16_error
+    assert _bf16_rel(cpu_like, exact) == pytest.approx(bf16_error, rel=0.2)
+    # GPU semantics (unnarrowed scalars) is another bf16 iterate of the same accuracy
+    assert 3e-3 < _bf16_rel(msign_bf16(G), exact) < 6e-2
+    assert cpu_like.dtype == torch.float32 and cpu_like.shape == G.shape
+
+
+def test_bf16_precision_through_msign_and_float32_control():
+    g = torch.Generator().manual_seed(5)
+    G = torch.randn(2, 96, 32, generator=g)
+    exact = polar_exact(G)
+    assert torch.equal(msign(G, precision="bfloat16"), msign_bf16(G))
+    assert _bf16_rel(msign(G, precision="bfloat16"), exact) > 100 * _bf16_rel(msign(G, precision="float32"), exact)
+    # wide input: the same as the transpose of the tall one
+    assert torch.equal(msign(G.mT, precision="bfloat16"), msign(G, precision="bfloat16").mT)
+    with pytest.raises(ValueError, match="precision"):
+        msign(G, precision="float16")
+    with pytest.raises(ValueError, match="precision"):
+        check_precision("bf16")
+
+
+def test_bf16_msign_of_zero_is_zero_as_released():
+    # the released code divides by ||x||_F without an epsilon and then nan_to_num's the result
+    assert torch.equal(msign_bf16(torch.zeros(3, 8, 4)), torch.zeros(3, 8, 4))
+
+
+def test_bf16_precision_threads_through_dual_ascent_retraction_and_optimizer():
+    from mwm.dual_ascent import dual_ascent, manifold_muon_update
+    from mwm.manifolds import get_manifold, rms
+    from mwm.optim import ManifoldMuon
+
+    g = torch.Generator().manual_seed(7)
+    W = polar_exact(torch.randn(3, 96, 32, generator=g))
+    G = torch.randn(3, 96, 32, generator=g)
+    mf = get_manifold("stiefel")
+    res = {p: dual_ascent(W, G, mf, alpha=0.1, steps=10, precision=p) for p in ("float32", "bfloat16")}
+    # the bf16 direction differs from the float32 one at bf16 resolution, not more
+    rel = float((res["bfloat16"].A - res["float32"].A).norm() / res["float32"].A.norm())
+    assert 1e-3 < rel < 0.1
+    with pytest.raises(ValueError, match="gram"):
+        dual_ascent(W, G, mf, method="gram", precision="bfloat16")
+    eye = torch.eye(32)
+    for p, lo, hi in (("float32", 0, 1e-5), ("bfloat16", 1e-4, 5e-2)):
+        W1 = manifold_muon_update(W, G, "stiefel", eta=0.1, steps=5, precision=p)
+        resid = float(rms(W1.mT @ W1 - eye).max())
+        assert lo <= resid < hi, (p, resid)
+    w = torch.nn.Parameter(W[0].clone())
+    with pytest.raises(ValueError, match="precision"):
+        ManifoldMuon([{"params": [w], "manifold": "stiefel"}], msign_precision="half")
+    opt = ManifoldMuon([{"params": [w], "manifold": "stiefel"}], msign_precision="bfloat16")
+    w.grad = G[0].clone()
+    opt.step()
+    assert bool(torch.isfinite(w).all()) and not torch.equal(w.detach(), W[0])

@@ -10,6 +10,7 @@ import yaml
 import fakedata
 from mwm.config import load_config
 from mwm.report.__main__ import build, main
+from mwm import paper
 from mwm.report.ledger import VERDICTS
 from mwm.report.load import ReportError
 from mwm.train import train
@@ -17,7 +18,7 @@ from mwm.train import train
 STUDIES = {
     "threads": 1,
     "alpha": {"sizes": [8, 16], "alpha_grid": {"min": 0.01, "max": 0.3, "num": 3}, "seeds": 2, "iterations": 8,
-              "compare_sizes": [16]},
+              "compare_sizes": [16], "tall_sizes": [4], "tall_aspects": [3]},
     "absorption": {"sizes": [8, 16], "seeds": 2, "reference_iterations": 12, "snapshots": [2, 5],
                    "report_T": 5, "flatness_T": [2, 5]},
     "audits": {"softmax": {"sizes": [2, 5], "random_per_size": 50, "adversarial_restarts": 2,
@@ -80,12 +81,23 @@ def test_every_file_is_produced_and_tables_have_rows(results):
     assert t4.set_index("variant").loc["dgram", "onset_steps"] == "3, 6"
     assert t4.set_index("variant").loc["hetero", "status"] == "Stable"
     assert "Unstable" in (out / "table4_results.md").read_text()
-    assert len(pd.read_csv(out / "table1_alpha_opt.csv")) == 2
+    t1 = pd.read_csv(out / "table1_alpha_opt.csv")  # 2 precisions x (2 square + 1 tall)
+    assert len(t1) == 6 and set(t1.precision) == {"bfloat16", "float32"} and "12x4" in set(t1["shape"])
     assert len(pd.read_csv(out / "table3_assignments.csv")) == 8
-    ledger = pd.read_csv(out / "ledger.csv")
-    assert set(ledger.verdict) <= set(VERDICTS) and len(ledger) >= 20
-    assert ledger.set_index("id").loc["theory.corollary", "verdict"] == "contradicted by an audit"
-    assert ledger.set_index("id").loc["instability.dgram", "verdict"] == "reproduced"
+    ledger = pd.read_csv(out / "ledger.csv", keep_default_na=False)
+    assert set(ledger.verdict) <= set(VERDICTS)
+    by = ledger.set_index("id")
+    assert set(by.index) == {c.id for c in paper.CLAIMS}  # every stated number has a row
+    assert by.loc["theory.corollary", "verdict"] == "contradicted by an audit"
+    assert by.loc["theory.gelu", "verdict"] == "contradicted by an audit" and "1.129" in by.loc["theory.gelu", "rebuilt"]
+    # unstable at a tiny scale, but the rule needs paper scale: not comparable, decided before the data
+    assert by.loc["instability.dgram", "verdict"] == "not comparable at this scale"
+    assert "needs paper" in by.loc["instability.dgram", "why"]
+    # two seeds: an ordering of final losses is never judged
+    assert by.loc["loss.order", "verdict"] == "too few seeds" and by.loc["loss.order", "seeds"] == "2"
+    # studies rows: judged on bf16, the float32 control beside
+    assert by.loc["alpha.fit.exponent", "control"].startswith("float32:")
+    assert by.loc["alpha.bf16_floor", "verdict"] == "contradicted by an audit"
 
 
 def test_missing_run_is_an_error_naming_it(results, tmp_path, capsys):
@@ -101,3 +113,38 @@ def test_missing_run_is_an_error_naming_it(results, tmp_path, capsys):
     shutil.copytree(root / "results" / "runs" / "tiny" / "hetero" / "seed1", copy / "runs" / "tiny" / "hetero" / "seed1")
     with pytest.raises(ReportError, match="audits.json"):
         build(cfg, copy, tmp_path / "pf3")
+
+
+# -- verdict rules (mwm.paper) ------------------------------------------------------------------
+
+def test_rules_decide_comparability_before_the_data():
+    c = paper.claim("loss.hetero")  # needs paper scale
+    for x in (c.value, c.value + 1.0):  # in and out of the window alike
+        assert paper.judge(c, x, caps={"any"}, seeds=3)[0] == paper.NC
+    assert paper.judge(c, c.value, caps={"any", "paper"}, seeds=1)[0] == "reproduced"
+    assert paper.judge(c, c.value + 1.0, caps={"any", "paper"}, seeds=1)[0] == "not reproduced"
+    assert paper.judge(c, None, caps={"any", "paper"})[0] == paper.NC
+
+
+def test_loss_ordering_needs_three_seeds_and_a_gap_above_the_spread():
+    c = paper.claim("loss.order")
+    ok = {"hetero": [3.30, 3.31, 3.30], "stiefel": [3.40, 3.41, 3.40], "none": [3.50, 3.51, 3.50]}
+    assert paper.judge(c, ok)[0] == "reproduced"
+    rev = {"hetero": ok["none"], "stiefel": ok["stiefel"], "none": ok["hetero"]}
+    assert paper.judge(c, rev)[0] == "not reproduced"  # symmetric: a resolved wrong order is a finding
+    two = {k: v[:2] for k, v in ok.items()}
+    assert paper.judge(c, two)[0] == paper.TOO_FEW
+    noisy = {"hetero": [3.30, 3.45, 3.38], "stiefel": [3.40, 3.41, 3.40], "none": [3.50, 3.51, 3.50]}
+    verdict, why = paper.judge(c, noisy)
+    assert verdict == paper.TOO_FEW and "spread" in why
+
+
+def test_every_claim_has_a_section_a_paper_value_and_a_stated_rule():
+    ids = [c.id for c in paper.CLAIMS]
+    assert len(ids) == len(set(ids))
+    for c in paper.CLAIMS:
+        assert c.section and c.paper and c.rule.describe(), c.id
+        if c.rule.kind == "window":
+            assert c.rule.lo <= c.rule.hi, c.id
+        if c.rule.needs != "any":
+            assert c.rebuild, c.id  # a row that cannot be rebuilt here names the config that can

@@ -23,7 +23,7 @@ def studies_cfg(**sections):
 
 
 TINY_ALPHA = {"sizes": [8, 12], "alpha_grid": {"min": 0.01, "max": 0.3, "num": 3}, "seeds": 2, "iterations": 12,
-              "fit_min_n": 8, "outlier_n": 4, "compare_sizes": [12, 768]}
+              "fit_min_n": 8, "outlier_n": 4, "compare_sizes": [12, 768], "tall_sizes": []}
 TINY_ABS = {"sizes": [12], "seeds": 2, "reference_iterations": 40, "snapshots": [5, 10, 20, 30],
             "flatness_T": [5, 30], "manifolds": ["stiefel", "dgram-colnorm"]}
 
@@ -104,7 +104,7 @@ def test_exact_stiefel_init_makes_the_square_problem_start_solved():
 
 
 def test_alpha_study_writes_tidy_outputs_and_derived_numbers(tmp_path):
-    cfg = studies_cfg(alpha=TINY_ALPHA)
+    cfg = studies_cfg(alpha=TINY_ALPHA, precisions=["float32"])
     derived = alpha.run_alpha(cfg, tmp_path, log=lambda *_: None)
     n_alpha = 3 + 1  # grid (0.01 is its first point) + 0.1 (off the grid)
     traj = read_csv(tmp_path / "alpha_trajectories.csv")
@@ -113,7 +113,7 @@ def test_alpha_study_writes_tidy_outputs_and_derived_numbers(tmp_path):
     ctrl = [r for r in traj if r["init"] == "exact"]
     assert len(ctrl) == 2 * 1 * 2 * 12 and {r["alpha"] for r in ctrl} == {"0.1"}
     final = read_csv(tmp_path / "alpha_final.csv")
-    assert set(final[0]) == {"manifold", "init", "n", "alpha", "on_grid", "seed", "init_residual",
+    assert set(final[0]) == {"manifold", "init", "precision", "m", "n", "alpha", "on_grid", "seed", "init_residual",
                              "initial_violation", "final_violation"}
     last = {(r["n"], r["alpha"], r["seed"]): r["violation"] for r in main_rows if r["iteration"] == "12"}
     for r in final:
@@ -139,6 +139,24 @@ def test_alpha_study_writes_tidy_outputs_and_derived_numbers(tmp_path):
     assert on_disk["meta"]["device"] == "cpu" and on_disk["meta"]["wall_seconds"] >= 0
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
     assert derived["manifolds"]["stiefel"]["fit"] == st["fit"]
+
+
+def test_alpha_study_both_protocols_and_tall_shapes(tmp_path):
+    sec = {**TINY_ALPHA, "tall_sizes": [4], "tall_aspects": [3, 4], "exact_init_control": False}
+    d = alpha.run_alpha(studies_cfg(alpha=sec), tmp_path, log=lambda *_: None)
+    assert d["faithful"] == "bfloat16" and d["precisions"] == ["bfloat16", "float32"]
+    final = read_csv(tmp_path / "alpha_final.csv")
+    shapes = {(r["precision"], int(r["m"]), int(r["n"])) for r in final}
+    assert shapes == {(p, m, n) for p in ("bfloat16", "float32") for m, n in ((8, 8), (12, 12), (12, 4), (16, 4))}
+    # the faithful protocol is what "manifolds" holds; the control sits beside it
+    assert d["manifolds"] == d["protocols"]["bfloat16"]["manifolds"]
+    tall = d["protocols"]["float32"]["tall"]["stiefel"]
+    assert [(r["m"], r["n"]) for r in tall] == [(12, 4), (16, 4)]
+    # a tall W on Stiefel: Lambda_0 does not solve the problem (square exact-init does, see below)
+    assert all(r["initial_violation_mean"] > 1e-3 for r in tall)
+    # bf16 msign leaves a violation floor far above float32's (the paper's alpha numbers are bf16 numbers)
+    floor = {r["n"]: r["ratio"] for r in d["floor"]["float32"]}
+    assert floor[12] > 100
 
 
 def test_alpha_cli_help_and_run(tmp_path, capsys):
@@ -179,6 +197,12 @@ def test_shipped_configs_validate_with_the_papers_grid():
     assert paper["absorption"]["reference_iterations"] == 200 and paper["absorption"]["eta"] == 0.1
     assert paper["absorption"]["snapshots"] == [5, 10, 20, 30, 50, 75, 100, 150]
     assert paper["absorption"]["manifolds"] == ["stiefel", "dgram-paper", "dgram-colnorm", "oblique"]
+    # the faithful protocol first, float32 as the control; tall GPT-2 shapes in the alpha grid
+    assert paper["precisions"] == ["bfloat16", "float32"] and paper["alpha"]["tall_aspects"] == [3, 4]
+    assert load_config(os.path.join(root, "paper.yaml"))["train"]["msign_precision"] == "bfloat16"
+    long = load_config(os.path.join(root, "long.yaml"))
+    assert long["train"]["msign_precision"] == "bfloat16" and long["train"]["max_iters"] >= 2000
+    assert long["grid"]["assignments"] == ["none", "stiefel", "dgram", "hetero", "hetero-inv"]
     for name in ("ci.yaml", "config.yaml"):
         load_config(os.path.join(root, name))
 
@@ -197,11 +221,12 @@ def test_retraction_absorbs_part_of_the_direction_error():
 
 
 def test_absorption_study_outputs(tmp_path):
-    cfg = studies_cfg(absorption=TINY_ABS)
+    cfg = studies_cfg(absorption=TINY_ABS, precisions=["float32"])
     d = absorption.run_absorption(cfg, tmp_path, log=lambda *_: None)
     rows = read_csv(tmp_path / "absorption.csv")
     assert len(rows) == 2 * 1 * 2 * 4
-    assert set(rows[0]) == {"manifold", "n", "seed", "T", "e_A", "e_pre", "e_W", "e_W_step", "violation"}
+    assert set(rows[0]) == {"manifold", "precision", "n", "seed", "T", "e_A", "e_pre", "e_W", "e_W_step",
+                            "violation"}
     assert all(float(r["e_W"]) >= 0 for r in rows)
     summ = read_csv(tmp_path / "absorption_summary.csv")
     assert len(summ) == 2 * 4

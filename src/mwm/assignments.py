@@ -210,6 +210,7 @@ def build_optimizers(
     dgram_retraction: str = "paper",
     msign_steps: int = 10,
     init_on_manifold: bool = True,
+    msign_precision: str = "float32",
 ) -> Optimizers:
     """Split ``model``'s parameters as the paper does and build both optimizers.
 
@@ -242,5 +243,6 @@ def build_optimizers(
         muon = ManifoldMuon(
             groups, lr=muon_lr, momentum=momentum, alpha=alpha, dual_steps=dual_steps,
             dgram_retraction=dgram_retraction, msign_steps=msign_steps, init_on_manifold=init_on_manifold,
+            msign_precision=msign_precision,
         )
     return Optimizers(muon=muon, adamw=adamw, assignment=plan, _named=named)

@@ -31,6 +31,10 @@ Two evaluation orders give the same numbers (up to float32 rounding):
     ``A``. ``A = X Q_2`` itself is only formed at the end and at snapshots.
 
 ``method="auto"`` picks per shape (:func:`choose_method`).
+
+``precision="bfloat16"`` runs msign as the released code (bfloat16 Polar
+Express, emulated, see :mod:`mwm.msign`) and everything else in float32, as
+there; it uses the ``direct`` order (the Gram order has no released counterpart).
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ from typing import Iterable
 import torch
 
 from .manifolds import Manifold, get_manifold, rms, to_tall
-from .msign import DEFAULT_STEPS, GRAM_RESTART, choose_order, frobenius_scale, msign, polar_express_gram
+from .msign import (DEFAULT_STEPS, GRAM_RESTART, check_precision, choose_order, frobenius_scale, msign,
+                    polar_express_gram)
 
 __all__ = ["DualAscentResult", "dual_ascent", "manifold_muon_update", "choose_method"]
 
@@ -122,6 +127,7 @@ def dual_ascent(
     snapshots: Iterable[int] = (),
     method: str = "auto",
     msign_steps: int = DEFAULT_STEPS,
+    precision: str = "float32",
 ) -> DualAscentResult:
     """Run dual ascent on ``W``, ``G`` of shape ``(..., m, n)`` (tall or wide).
 
@@ -148,6 +154,10 @@ def dual_ascent(
     Wt, transposed = to_tall(W.float() if W.dtype in (torch.float16, torch.bfloat16) else W)
     Gt, _ = to_tall(G.to(Wt.dtype))
     m, n = Wt.shape[-2:]
+    if check_precision(precision) == "bfloat16":
+        if method == "gram":
+            raise ValueError("msign precision bfloat16 runs the released direct order; method 'gram' is float32 only")
+        method = "direct"
     if method == "auto":
         method = choose_method(m, n, msign_steps)
 
@@ -166,7 +176,7 @@ def dual_ascent(
     for t in range(steps):
         S = Lam
         if method == "direct":
-            A = msign(torch.add(Gt, Wt @ S, alpha=2.0), steps=msign_steps, method="direct")
+            A = msign(torch.add(Gt, Wt @ S, alpha=2.0), steps=msign_steps, method="direct", precision=precision)
             X = Wt.mT @ A
         else:
             DS = WtW @ S
@@ -224,6 +234,7 @@ def manifold_muon_update(
     method: str = "auto",
     msign_steps: int = DEFAULT_STEPS,
     dgram_retraction: str | None = None,
+    precision: str = "float32",
 ) -> torch.Tensor:
     """One Manifold Muon step: dual ascent, then ``retract(W - eta A)``.
 
@@ -233,5 +244,6 @@ def manifold_muon_update(
     mf = _as_manifold(manifold)
     if dgram_retraction is not None:
         mf = get_manifold(mf.name, dgram_retraction)
-    res = dual_ascent(W, G, mf, alpha=alpha, steps=steps, tol=tol, method=method, msign_steps=msign_steps)
-    return mf.retract(W.to(res.A.dtype) - eta * res.A)
+    res = dual_ascent(W, G, mf, alpha=alpha, steps=steps, tol=tol, method=method, msign_steps=msign_steps,
+                      precision=precision)
+    return mf.retract(W.to(res.A.dtype) - eta * res.A, precision=precision)

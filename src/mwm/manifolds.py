@@ -175,10 +175,12 @@ class Manifold:
         return torch.eye(n, dtype=dtype, device=device)
 
     # -- retraction and initialization -----------------------------------------------
-    def retract(self, W: torch.Tensor) -> torch.Tensor:
-        """Map a matrix (tall or wide, batched) onto the manifold."""
+    def retract(self, W: torch.Tensor, precision: str = "float32") -> torch.Tensor:
+        """Map a matrix (tall or wide, batched) onto the manifold. ``precision`` is
+        the msign precision of the Stiefel retraction (the released code's is
+        msign, i.e. bfloat16; see :mod:`mwm.msign`); the others are float32."""
         if self.name == "stiefel":
-            return _tall_map(msign, W)
+            return _tall_map(lambda T: msign(T, precision=precision), W)
         if self.name == "oblique":
             return _tall_map(lambda T: T / T.norm(dim=-2, keepdim=True).clamp_min(1e-12), W)
         f = _retract_dgram_paper if self.retraction == "paper" else _retract_dgram_colnorm

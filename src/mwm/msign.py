@@ -24,6 +24,20 @@ Two evaluation orders give the same numbers up to float32 rounding:
   prints it): as close as a Gram iteration run entirely in float64.
 
 :func:`polar_exact` is the SVD reference ``U V^T``.
+
+Precision. ``precision="bfloat16"`` is the released numerics: Bernstein's
+reference msign (which the released ``manifold_muon.py`` imports, and which is
+also its Stiefel retraction) casts the input to bfloat16, transposes it to the
+wide orientation, divides by ``1.01 ||x||_F`` (no epsilon), runs every step as
+``s = x x^T; y = c s; y += b I; y = y s; y += a I; x = y x`` in bfloat16,
+replaces NaN/Inf by 0 and returns ``.float()``. :func:`msign_bf16` mirrors those
+casts op for op. By default it *emulates* bfloat16: every operand is a bfloat16
+value held in float32, each matmul runs in float32 and its result is rounded to
+bfloat16, each elementwise op is computed in float32 and rounded. That is what a
+GPU bfloat16 GEMM does (bf16 operands, float32 accumulation, result rounded to
+bf16), at float32 speed on CPU, where true bfloat16 matmuls are about 13x slower;
+``native=True`` runs real bfloat16 tensors (the test compares the two).
+``precision="float32"`` is the float32 iteration above (a control).
 """
 
 from __future__ import annotations
@@ -41,6 +55,10 @@ __all__ = [
     "polar_express_gram",
     "choose_order",
     "frobenius_scale",
+    "PRECISIONS",
+    "check_precision",
+    "round_bf16",
+    "msign_bf16",
 ]
 
 #: The published degree-5 Polar Express coefficient triples (a, b, c).
@@ -62,6 +80,20 @@ GRAM_RESTART = 3
 #: Matrices narrower than this stay in the direct order (see :func:`choose_order`).
 GRAM_MIN_N = 128
 _EPS = 1e-7
+#: msign precisions: ``bfloat16`` is the released code's, ``float32`` the control.
+PRECISIONS = ("float32", "bfloat16")
+
+
+def check_precision(precision: str) -> str:
+    """``precision`` itself, or a ValueError naming the allowed values."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown msign precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    return precision
+
+
+def round_bf16(T: torch.Tensor) -> torch.Tensor:
+    """``T`` rounded to the nearest bfloat16 (ties to even), kept in ``T``'s dtype."""
+    return T.to(torch.bfloat16).to(T.dtype)
 
 
 def coefficients(steps: int = DEFAULT_STEPS) -> list[tuple[float, float, float]]:
@@ -84,7 +116,8 @@ def _work_dtype(G: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
     if dtype is None:
         return torch.float32 if G.dtype in (torch.float16, torch.bfloat16) else G.dtype
     if dtype in (torch.bfloat16, torch.float16) and G.device.type == "cpu":
-        raise ValueError(f"msign in {dtype} is only allowed on GPU; CPU runs in float32")
+        raise ValueError(f"msign dtype={dtype} (a plain low-precision iteration) is GPU only; for the released "
+                         "bfloat16 numerics on any device use precision='bfloat16'")
     return dtype
 
 
@@ -114,8 +147,13 @@ def msign(
     steps: int = DEFAULT_STEPS,
     dtype: torch.dtype | None = None,
     method: str = "auto",
+    precision: str = "float32",
 ) -> torch.Tensor:
     """Polar Express approximation of the polar factor of ``G`` (``..., m, n``).
+
+    ``precision="bfloat16"`` runs the released code's bfloat16 iteration
+    (:func:`msign_bf16`: real bfloat16 on CUDA, emulated elsewhere; ``dtype`` and
+    ``method`` do not apply) and returns float32.
 
     Batched over leading dimensions; tall and wide inputs. Runs in float32 unless
     ``dtype`` asks for bfloat16 (GPU only). ``method`` is ``direct`` (iterate on
@@ -125,6 +163,8 @@ def msign(
     _check_matrix(G, "msign")
     if method not in ("auto", "direct", "gram"):
         raise ValueError(f"unknown msign method {method!r}; choose auto, direct or gram")
+    if check_precision(precision) == "bfloat16":
+        return msign_bf16(G, steps, native=G.device.type == "cuda")
     X = G.to(_work_dtype(G, dtype))
     transpose = X.shape[-2] < X.shape[-1]
     if transpose:
@@ -154,6 +194,51 @@ def msign(
         X = X.mT
     X = X.reshape(*lead, m, n)
     return X.mT if transpose else X
+
+
+@torch.no_grad()
+def msign_bf16(G: torch.Tensor, steps: int = DEFAULT_STEPS, native: bool = False,
+               scalars: str = "float32") -> torch.Tensor:
+    """Polar Express in bfloat16, cast for cast as the released code (module docstring).
+
+    ``native=False`` (default): bfloat16 emulated in float32, each matmul and each
+    elementwise result rounded to bfloat16 (a GPU bf16 GEMM: bf16 operands, float32
+    accumulation, bf16 result). ``native=True``: real bfloat16 tensors (slow on
+    CPU). Returns float32 (``..., m, n``); non-finite entries become 0 as there.
+
+    ``scalars`` is how the emulation adds the Python scalars ``a`` and ``b`` to the
+    diagonal: ``float32`` as PyTorch's CUDA kernels (a CPU scalar enters in the
+    op's float32 math type), ``bfloat16`` as PyTorch's CPU ``add_`` on a bfloat16
+    tensor, which narrows the scalar to bfloat16 first (``mul`` does not, on
+    either). With ``scalars="bfloat16"`` the emulation equals ``native=True`` on
+    CPU bit for bit (tested); the default is the GPU's semantics.
+    """
+    if scalars not in ("float32", "bfloat16"):
+        raise ValueError(f"msign_bf16 scalars must be float32 or bfloat16, got {scalars!r}")
+    _check_matrix(G, "msign_bf16")
+    if steps < 1:
+        raise ValueError(f"msign needs at least one step, got steps={steps}")
+    if native:
+        x, r = G.bfloat16(), (lambda T: T)
+    else:
+        x, r = round_bf16(G.float()), round_bf16
+    transpose = x.shape[-2] > x.shape[-1]
+    if transpose:
+        x = x.mT  # wide: the Gram x x^T is the small one
+    norm = r(torch.linalg.vector_norm(x.float(), dim=(-2, -1), keepdim=True)).to(x.dtype)
+    x = r(x / r(norm * SAFETY))
+    for a, b, c in coefficients(steps):
+        if scalars == "bfloat16" and not native:
+            a, b = (float(torch.tensor(v, dtype=torch.bfloat16)) for v in (a, b))
+        s = r(x @ x.mT)
+        y = r(c * s)
+        y.diagonal(dim1=-2, dim2=-1).copy_(r(y.diagonal(dim1=-2, dim2=-1) + b))
+        y = r(y @ s)
+        y.diagonal(dim1=-2, dim2=-1).copy_(r(y.diagonal(dim1=-2, dim2=-1) + a))
+        x = r(y @ x)
+    if transpose:
+        x = x.mT
+    return torch.nan_to_num(x).float()
 
 
 def choose_order(m: int, n: int) -> str:

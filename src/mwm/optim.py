@@ -27,7 +27,7 @@ import torch
 
 from .dual_ascent import dual_ascent
 from .manifolds import DGRAM_RETRACTIONS, MANIFOLDS, get_manifold, to_tall
-from .msign import DEFAULT_STEPS, msign
+from .msign import DEFAULT_STEPS, check_precision, msign
 
 __all__ = ["ManifoldMuon", "MUON_MANIFOLDS"]
 
@@ -57,6 +57,7 @@ class ManifoldMuon(torch.optim.Optimizer):
         method: str = "auto",
         manifold: str = "none",
         init_on_manifold: bool = True,
+        msign_precision: str = "float32",
     ):
         if lr < 0:
             raise ValueError(f"lr must be >= 0, got {lr}")
@@ -67,7 +68,7 @@ class ManifoldMuon(torch.optim.Optimizer):
         defaults = dict(
             lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay, alpha=alpha,
             dual_steps=dual_steps, dgram_retraction=dgram_retraction, msign_steps=msign_steps,
-            method=method, manifold=manifold, names=None,
+            method=method, manifold=manifold, names=None, msign_precision=msign_precision,
         )
         super().__init__(params, defaults)
         #: set to a dict to record, at the next step, each matrix's weight and update
@@ -85,6 +86,7 @@ class ManifoldMuon(torch.optim.Optimizer):
                     f"param group {gi}: unknown dgram_retraction {group['dgram_retraction']!r}; "
                     f"choose one of {', '.join(DGRAM_RETRACTIONS)}"
                 )
+            check_precision(group["msign_precision"])
             names = group["names"]
             if names is not None and len(names) != len(group["params"]):
                 raise ValueError(f"param group {gi}: {len(names)} names for {len(group['params'])} params")
@@ -192,16 +194,16 @@ class ManifoldMuon(torch.optim.Optimizer):
         if group["manifold"] == "none":
             if group["weight_decay"]:
                 W.mul_(1.0 - lr * group["weight_decay"])
-            W.add_(msign(update_dir, steps=group["msign_steps"]), alpha=-lr)
+            W.add_(msign(update_dir, steps=group["msign_steps"], precision=group["msign_precision"]), alpha=-lr)
         else:
             mf = get_manifold(group["manifold"], group["dgram_retraction"])
             res = dual_ascent(
                 W, update_dir, mf, alpha=group["alpha"], steps=group["dual_steps"],
-                method=group["method"], msign_steps=group["msign_steps"],
+                method=group["method"], msign_steps=group["msign_steps"], precision=group["msign_precision"],
             )
             W = W - lr * res.A
             self._check(group, params, W, "weight before the retraction")
-            W = mf.retract(W)
+            W = mf.retract(W, precision=group["msign_precision"])
         self._check(group, params, W, "updated weight")
         for p, w in zip(params, W):
             p.copy_(_unpad(w, p).to(p.dtype))

@@ -154,7 +154,7 @@ class Run:
             self.model, assignment_spec(cfg["grid"], assignment), adamw_lr=tc["learning_rate"], betas=(tc["beta1"], tc["beta2"]),
             weight_decay=tc["weight_decay"], muon_lr=tc["muon_lr"], momentum=tc["muon_momentum"],
             alpha=tc["dual_ascent_alpha"], dual_steps=tc["dual_ascent_steps"], dgram_retraction=retraction,
-            msign_steps=tc["msign_steps"],
+            msign_steps=tc["msign_steps"], msign_precision=tc["msign_precision"],
         )
         if self.opts.muon is not None and world > 1:
             self.opts.muon.shard(rank, world)

@@ -10,6 +10,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from .. import paper
 from . import style
 from .load import ReportError
 from .tables import write_table
@@ -34,6 +35,20 @@ def load_studies(folder: str | Path) -> dict:
     return out
 
 
+def _faithful(st: dict, name: str) -> str | None:
+    return st[name].get("faithful")
+
+
+def _square_faithful(df: pd.DataFrame, precision: str | None) -> pd.DataFrame:
+    """Rows of the faithful protocol's square study (files from before the
+    precision/shape columns pass through)."""
+    if precision is not None and "precision" in df:
+        df = df[df.precision == precision]
+    if "m" in df:
+        df = df[df.m == df.n]
+    return df
+
+
 def _per_size(d: dict) -> list[dict]:
     ps = d["per_size"]
     return sorted(ps if isinstance(ps, list) else [{"n": int(k), **v} for k, v in ps.items()], key=lambda r: r["n"])
@@ -53,24 +68,25 @@ def fig_alpha(st: dict, out: Path) -> None:
             axes[0].plot(xs, fit["prefactor"] * xs ** fit["exponent"], color=f"C{i}",
                          label=f"fit {fit['prefactor']:.2g} n^{fit['exponent']:.2f}, r2 {fit['r2']:.2f}")
     xs = np.geomspace(16, 1024, 50)
-    axes[0].plot(xs, 0.003 * xs ** 0.67, "k--", lw=0.8, label="paper: 0.003 n^0.67")
+    axes[0].plot(xs, paper.paper_fit_alpha(xs), "k--", lw=0.8, label="paper: 0.003 n^0.67")
     axes[0].set(xscale="log", yscale="log", xlabel="n", ylabel="alpha_opt", title="optimal dual-ascent step size")
     axes[0].legend()
-    tr = st["alpha_trajectories.csv"]
-    sel = tr[np.isclose(tr.alpha, 0.1)]
+    prec = _faithful(st, "alpha_derived.json")
+    tr = _square_faithful(st["alpha_trajectories.csv"], prec)
+    sel = tr[np.isclose(tr.alpha, st["alpha_derived.json"].get("universal_alpha", 0.1))]
     sizes = sorted(sel.n.unique())
     cmap = plt.get_cmap("viridis")
     for j, n in enumerate(sizes):
         c = sel[sel.n == n].groupby("iteration")["violation"].mean()
         axes[1].plot(c.index, c.values, color=cmap(j / max(len(sizes) - 1, 1)), label=f"n={n}")
     axes[1].set(yscale="log", xlabel="iteration", ylabel=r"$\|H\|_{RMS}$ (seed mean)",
-                title="tangent violation at alpha = 0.1")
+                title=f"tangent violation at alpha = 0.1 ({prec or 'float32'} msign)")
     axes[1].legend(ncol=2)
     style.save(fig, out, "fig_alpha_opt_and_convergence")
 
 
 def fig_absorption(st: dict, out: Path) -> None:
-    sm = st["absorption_summary.csv"]
+    sm = _square_faithful(st["absorption_summary.csv"], _faithful(st, "absorption_derived.json"))
     variants = list(dict.fromkeys(sm.manifold))
     fig, axes = plt.subplots(len(variants), 2, figsize=(style.FULL, 1.7 * len(variants)), squeeze=False,
                              sharex=True)
@@ -93,32 +109,51 @@ def fig_absorption(st: dict, out: Path) -> None:
     style.save(fig, out, "fig3_absorption")
 
 
+def _protocols(d: dict) -> dict:
+    return d.get("protocols") or {d.get("faithful", "float32"): {"manifolds": d["manifolds"]}}
+
+
 def table1(st: dict, out: Path) -> pd.DataFrame:
     rows = []
-    for mf, d in st["alpha_derived.json"]["manifolds"].items():
-        fit = d.get("fit") or {}
-        for r in _per_size(d):
-            rows.append({"manifold": mf, "n": r["n"], "alpha_opt_observed": r["alpha_opt"],
-                         "alpha_opt_fitted": r.get("predicted_alpha_opt"),
-                         "paper_fit_0.003n^0.67": 0.003 * r["n"] ** 0.67,
-                         "best_violation": r["best_violation"],
-                         "violation_at_0.01": r.get("violation_at_default"),
-                         "violation_at_0.1": r.get("violation_at_universal"),
-                         "in_fit": r["n"] >= (fit.get("min_n") or 0)})
+    d0 = st["alpha_derived.json"]
+    for prec, proto in _protocols(d0).items():
+        for mf, d in proto["manifolds"].items():
+            fit = d.get("fit") or {}
+            for r in _per_size(d):
+                rows.append({"precision": prec, "manifold": mf, "shape": f"{r['n']}x{r['n']}",
+                             "alpha_opt_observed": r["alpha_opt"], "alpha_opt_fitted": r.get("predicted_alpha_opt"),
+                             "paper_fit_0.003n^0.67": paper.paper_fit_alpha(r["n"]),
+                             "best_violation": r["best_violation"],
+                             "violation_at_0.01": r.get("violation_at_default"),
+                             "violation_at_0.1": r.get("violation_at_universal"),
+                             "H(Lambda_0)": r.get("initial_violation_mean"),
+                             "in_fit": r["n"] >= (fit.get("min_n") or 0)})
+        for mf, tall in (proto.get("tall") or {}).items():
+            for r in tall:
+                rows.append({"precision": prec, "manifold": mf, "shape": f"{r['m']}x{r['n']}",
+                             "alpha_opt_observed": r["alpha_opt"], "alpha_opt_fitted": None,
+                             "paper_fit_0.003n^0.67": paper.paper_fit_alpha(r["n"]),
+                             "best_violation": r["best_violation"],
+                             "violation_at_0.01": r["violation_at_default"],
+                             "violation_at_0.1": r["violation_at_universal"],
+                             "H(Lambda_0)": r["initial_violation_mean"], "in_fit": False})
     df = pd.DataFrame(rows)
-    write_table(df, out, "table1_alpha_opt", "Table 1: observed and fitted alpha_opt per size (seed mean of the "
-                "final tangent violation after the configured iterations)")
+    write_table(df, out, "table1_alpha_opt", "Table 1: observed and fitted alpha_opt per shape and msign precision "
+                f"(faithful: {d0.get('faithful', 'float32')}; seed mean of the final tangent violation after the "
+                "configured iterations; tall shapes are GPT-2's c_attn 3:1 and c_fc 4:1)")
     return df
 
 
 def table2(st: dict, out: Path) -> pd.DataFrame:
     rows = []
-    for mf, d in st["absorption_derived.json"]["manifolds"].items():
-        for r in _per_size(d):
-            rows.append({"manifold": mf, "n": r["n"], "T": r["T"], "e_A": r["e_A"], "e_W": r["e_W"],
-                         "compression e_A/e_W": r["compression"], "of which 1/eta": r["direction_to_weight_factor"],
-                         "of which retraction": r["retraction_factor"],
-                         "e_W(5)/e_W(last)": (r.get("flatness") or {}).get("e_W_ratio")})
+    for prec, proto in _protocols(st["absorption_derived.json"]).items():
+        for mf, d in proto["manifolds"].items():
+            for r in _per_size(d):
+                rows.append({"precision": prec, "manifold": mf, "n": r["n"], "T": r["T"], "e_A": r["e_A"],
+                             "e_W": r["e_W"], "compression e_A/e_W": r["compression"],
+                             "of which 1/eta": r.get("direction_to_weight_factor"),
+                             "of which retraction": r.get("retraction_factor"),
+                             "e_W(5)/e_W(last)": (r.get("flatness") or {}).get("e_W_ratio")})
     df = pd.DataFrame(rows)
     write_table(df, out, "table2_absorption", "Table 2: dual-ascent error e_A and retracted-weight error e_W at T, "
                 "and the compression split into 1/eta and the retraction's own factor")

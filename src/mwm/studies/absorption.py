@@ -1,6 +1,9 @@
 """Does the retraction absorb the error of an early-stopped dual ascent?
 
-For each manifold variant and size ``n``, ``seeds`` random square pairs ``(W, G)``
+For each msign precision of ``studies.precisions`` (the first, bfloat16 by default,
+is the faithful protocol: every msign, the dual ascent's, the Stiefel init's and the
+Stiefel retraction's, as released; float32 is the control), each manifold variant
+and size ``n``, ``seeds`` random square pairs ``(W, G)``
 (:func:`mwm.studies.common.random_pairs`); one dual ascent run of
 ``reference_iterations`` iterations at ``alpha`` gives the reference ``A_ref`` (its
 last iterate) and the snapshots ``A_T``. With ``W_T = retract(W - eta A_T)``:
@@ -19,16 +22,16 @@ The same measurement runs on ``(W, G)`` pairs captured in training (``--pairs FI
 an NPZ with ``names``, ``manifolds``, ``W_<i>``, ``G_<i>``): each pair's weight is
 used as it is (possibly slightly off the manifold), with every configured variant of
 its manifold (``dgram`` pairs with each configured DGram retraction, the released
-one if none is configured). Pairs of plain-Muon or AdamW parameters are skipped.
-Several files may be given in order of preference: the first that holds captured
-pairs is used. A run that has none (AdamW only, or unstable before the capture
-step) writes a file with ``captured = False`` and its ``reason``; such files are
-passed over and listed with their reasons in ``absorption_derived.json``
-(``pairs_not_captured``), and with no captured file at all the study runs on
-random pairs only.
+one if none is configured), in the faithful precision. Pairs of plain-Muon or AdamW
+parameters are skipped. Several files may be given in order of preference: the first
+that holds captured pairs is used. A run that has none (AdamW only, or unstable before
+the capture step) writes a file with ``captured = False`` and its ``reason``; such files
+are passed over and listed with their reasons in ``absorption_derived.json``
+(``pairs_not_captured``), and with no captured file at all the study runs on random
+pairs only.
 
-Outputs under ``--out``: ``absorption.csv`` (``manifold, n, seed, T, e_A, e_pre,
-e_W, e_W_step, violation``), ``absorption_summary.csv`` (seed means),
+Outputs under ``--out``: ``absorption.csv`` (``manifold, precision, n, seed, T, e_A,
+e_pre, e_W, e_W_step, violation``), ``absorption_summary.csv`` (seed means),
 ``absorption_pairs.csv`` (with pairs: ``index, name, file_manifold, manifold, m, n,
 g_scaling, g_rms, w_residual, T, e_A, e_pre, e_W, e_W_step, violation``) and
 ``absorption_derived.json``.
@@ -43,6 +46,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from .. import paper
 from ..dual_ascent import dual_ascent
 from ..manifolds import Manifold
 from .common import (VARIANTS, chunks, main_for, random_pairs, resolve_device, run_meta, variant_manifold,
@@ -50,11 +54,8 @@ from .common import (VARIANTS, chunks, main_for, random_pairs, resolve_device, r
 
 __all__ = ["measure_absorption", "load_pairs", "run_absorption", "derive_absorption", "main"]
 
-PAPER = {
-    "e_A_at_20": "8-16%", "e_W_at_20": "under 1% (about 0.7%)", "compression_at_20": "12-16x at all 14 sizes",
-    "flatness": "e_W(5) / e_W(100) within a factor of about 1.3",
-    "e_A_shape": "rises over the first iterations, decreasing from about T = 30",
-}
+PAPER = {c.id: {"paper": c.paper, "section": c.section, "rule": c.rule.describe()}
+         for c in paper.CLAIMS if c.id.startswith("absorb.")}
 METRICS = ("e_A", "e_pre", "e_W", "e_W_step", "violation")
 
 
@@ -67,18 +68,20 @@ def _rel(X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def measure_absorption(W: torch.Tensor, G: torch.Tensor, mf: Manifold, alpha: float, ref_iters: int,
-                       snapshots: Sequence[int], eta: float) -> dict[int, dict[str, torch.Tensor]]:
+                       snapshots: Sequence[int], eta: float, precision: str = "float32"
+                       ) -> dict[int, dict[str, torch.Tensor]]:
     """``{T: {metric: (batch,) tensor}}`` for a batch of pairs (see the module doc)."""
     Ts = sorted(set(int(t) for t in snapshots))
-    res = dual_ascent(W, G, mf, alpha=alpha, steps=ref_iters, record_violations=True, snapshots=Ts)
+    res = dual_ascent(W, G, mf, alpha=alpha, steps=ref_iters, record_violations=True, snapshots=Ts,
+                      precision=precision)
     A_ref = res.A
     pre_ref = W - eta * A_ref
-    W_ref = mf.retract(pre_ref)
+    W_ref = mf.retract(pre_ref, precision=precision)
     step_ref = W_ref - W
     out = {}
     for T in Ts:
         A_T = res.snapshots[T]
-        W_T = mf.retract(W - eta * A_T)
+        W_T = mf.retract(W - eta * A_T, precision=precision)
         out[T] = {
             "e_A": _rel(A_T - A_ref, A_ref),
             "e_pre": _rel(eta * (A_T - A_ref), pre_ref),
@@ -175,8 +178,8 @@ def pair_variants(file_manifold: str, configured: Sequence[str]) -> list[str]:
 
 
 @torch.no_grad()
-def run_pairs(sec: dict, pairs: list[dict], device: torch.device, max_elements: int, log=print
-              ) -> tuple[list[tuple], list[dict]]:
+def run_pairs(sec: dict, pairs: list[dict], device: torch.device, max_elements: int, log=print,
+              precision: str = "float32") -> tuple[list[tuple], list[dict]]:
     Ts = _check_snapshots(sec)
     scalings = ["as_is", "unit_rms"] if sec["pairs_rescale_g"] else ["as_is"]
     rows, skipped = [], []
@@ -201,7 +204,7 @@ def run_pairs(sec: dict, pairs: list[dict], device: torch.device, max_elements: 
         w_res = mf.constraint_residual(W).double()
         for sl in chunks(len(group), shape[0] * shape[1], max_elements):
             r = measure_absorption(W[sl].to(device), G[sl].to(device), mf, sec["alpha"],
-                                   sec["reference_iterations"], Ts, sec["eta"])
+                                   sec["reference_iterations"], Ts, sec["eta"], precision)
             for j, p in enumerate(group[sl]):
                 jj = sl.start + j
                 for T in Ts:
@@ -231,37 +234,42 @@ def run_absorption(cfg: dict, out: str | Path, config_path: str | None = None,
         log(f"absorption: passing over {p['file']}: {p['reason']}")
     t0 = time.perf_counter()
     seeds = int(sec["seeds"])
+    precisions = list(studies["precisions"])
     rows = []
-    for variant in sec["manifolds"]:
-        mf = variant_manifold(variant)
-        for n in sec["sizes"]:
-            t1 = time.perf_counter()
-            W, G = random_pairs("absorption", variant, n, seeds, studies["seed"], sec["stiefel_init"])
-            for sl in chunks(seeds, n * n, studies["max_batch_elements"]):
-                r = measure_absorption(W[sl].to(device), G[sl].to(device), mf, sec["alpha"],
-                                       sec["reference_iterations"], Ts, sec["eta"])
-                for j in range(sl.stop - sl.start):
-                    for T in Ts:
-                        rows.append((variant, n, sl.start + j, T) + tuple(float(r[T][k][j]) for k in METRICS))
-            log(f"absorption: {variant:>13} n={n:<5} {seeds} seeds x {sec['reference_iterations']} it: "
-                f"{time.perf_counter() - t1:.1f} s")
+    for prec in precisions:
+        for variant in sec["manifolds"]:
+            mf = variant_manifold(variant)
+            for n in sec["sizes"]:
+                t1 = time.perf_counter()
+                W, G = random_pairs("absorption", variant, n, seeds, studies["seed"], sec["stiefel_init"],
+                                    precision=prec)
+                for sl in chunks(seeds, n * n, studies["max_batch_elements"]):
+                    r = measure_absorption(W[sl].to(device), G[sl].to(device), mf, sec["alpha"],
+                                           sec["reference_iterations"], Ts, sec["eta"], prec)
+                    for j in range(sl.stop - sl.start):
+                        for T in Ts:
+                            rows.append((variant, prec, n, sl.start + j, T)
+                                        + tuple(float(r[T][k][j]) for k in METRICS))
+                log(f"absorption: {prec:<8} {variant:>13} n={n:<5} {seeds} seeds x {sec['reference_iterations']} "
+                    f"it: {time.perf_counter() - t1:.1f} s")
     pair_rows, skipped = ([], [])
     if loaded is not None:
-        pair_rows, skipped = run_pairs(sec, loaded, device, studies["max_batch_elements"], log)
+        pair_rows, skipped = run_pairs(sec, loaded, device, studies["max_batch_elements"], log, precisions[0])
     wall = time.perf_counter() - t0
 
-    write_csv(out / "absorption.csv", ["manifold", "n", "seed", "T", *METRICS], rows)
+    write_csv(out / "absorption.csv", ["manifold", "precision", "n", "seed", "T", *METRICS], rows)
     summary = _summarise(rows)
     write_csv(out / "absorption_summary.csv",
-              ["manifold", "n", "T", "seeds"] + [f"{k}_mean" for k in METRICS] + [f"{k}_std" for k in METRICS],
-              summary)
+              ["manifold", "precision", "n", "T", "seeds"] + [f"{k}_mean" for k in METRICS]
+              + [f"{k}_std" for k in METRICS], summary)
     pair_cols = ["index", "name", "file_manifold", "manifold", "m", "n", "g_scaling", "g_rms", "w_residual", "T", *METRICS]
     if loaded is not None:
         write_csv(out / "absorption_pairs.csv", pair_cols, pair_rows)
-    derived = derive_absorption(sec, summary, pair_rows if loaded is not None else None, skipped)
+    derived = derive_absorption(sec, summary, pair_rows if loaded is not None else None, skipped, precisions)
     derived["pairs_file"] = str(pairs_path) if pairs_path else None
     derived["pairs_not_captured"] = passed
-    derived["meta"] = run_meta(sec, device, wall, config_path)
+    derived["pairs_precision"] = precisions[0] if pairs_path else None
+    derived["meta"] = run_meta(sec, device, wall, config_path, precisions)
     write_json(out / "absorption_derived.json", derived)
     return derived
 
@@ -269,12 +277,12 @@ def run_absorption(cfg: dict, out: str | Path, config_path: str | None = None,
 def _summarise(rows: list[tuple]) -> list[tuple]:
     groups: dict[tuple, list[tuple]] = {}
     for r in rows:
-        groups.setdefault((r[0], r[1], r[3]), []).append(r[4:])
+        groups.setdefault((r[0], r[1], r[2], r[4]), []).append(r[5:])
     out = []
-    for (v, n, T), vals in groups.items():
+    for (v, p, n, T), vals in groups.items():
         a = np.asarray(vals, dtype=np.float64)
         std = a.std(axis=0, ddof=1) if len(a) > 1 else np.zeros(a.shape[1])
-        out.append((v, n, T, len(a), *a.mean(axis=0).tolist(), *std.tolist()))
+        out.append((v, p, n, T, len(a), *a.mean(axis=0).tolist(), *std.tolist()))
     return out
 
 
@@ -319,8 +327,12 @@ def _range(vals):
     return [min(vals), max(vals)] if vals else None
 
 
-def derive_absorption(sec: dict, summary: list[tuple], pair_rows: list[tuple] | None, skipped: list[dict]) -> dict:
-    out = {"alpha": sec["alpha"], "eta": sec["eta"], "reference_iterations": sec["reference_iterations"],
+def derive_absorption(sec: dict, summary: list[tuple], pair_rows: list[tuple] | None, skipped: list[dict],
+                      precisions: Sequence[str] = ("float32",)) -> dict:
+    """``manifolds``: the faithful protocol's (``precisions[0]``) random-pair study;
+    ``protocols[p]["manifolds"]``: every precision's; ``pairs``: the training pairs."""
+    precisions = list(precisions)
+    out = {"faithful": precisions[0], "precisions": precisions, "protocols": {},"alpha": sec["alpha"], "eta": sec["eta"], "reference_iterations": sec["reference_iterations"],
            "snapshots": sorted(sec["snapshots"]), "seeds": sec["seeds"], "stiefel_init": sec["stiefel_init"],
            "paper": PAPER, "note": (
                "compression = e_A / e_W (the paper's). It factors into direction_to_weight_factor = e_A / e_pre "
@@ -330,12 +342,22 @@ def derive_absorption(sec: dict, summary: list[tuple], pair_rows: list[tuple] | 
     cols = ["e_A", "e_pre", "e_W", "e_W_step", "violation"]
     by: dict[tuple, dict] = {}
     for r in summary:
-        by.setdefault((r[0], r[1]), {})[r[2]] = dict(zip(cols, r[4:4 + len(cols)]))
+        by.setdefault((r[0], r[1], r[2]), {})[r[3]] = dict(zip(cols, r[5:5 + len(cols)]))
+    for prec in precisions:
+        out["protocols"][prec] = {"manifolds": _derive_manifolds(sec, by, prec)}
+    out["manifolds"] = out["protocols"][precisions[0]]["manifolds"]
+    if pair_rows is not None:
+        out["pairs"] = _derive_pairs(sec, pair_rows, skipped, cols)
+    return out
+
+
+def _derive_manifolds(sec: dict, by: dict, prec: str) -> dict:
+    res = {}
     for variant in sec["manifolds"]:
         per = {}
         for n in sorted(sec["sizes"]):
-            per[str(n)] = _curve_stats(by[(variant, n)], sec)
-        out["manifolds"][variant] = {
+            per[str(n)] = _curve_stats(by[(variant, prec, n)], sec)
+        res[variant] = {
             "per_size": per,
             "ranges_over_sizes": {
                 "e_A": _range([p["e_A"] for p in per.values()]),
@@ -345,32 +367,34 @@ def derive_absorption(sec: dict, summary: list[tuple], pair_rows: list[tuple] | 
                 "flatness_e_W": _range([p["flatness"]["e_W_ratio"] for p in per.values()]),
             },
         }
-    if pair_rows is not None:
-        tables: dict[tuple, dict] = {}
-        info = {}
-        for r in pair_rows:
-            key = (r[0], r[3], r[6])  # index, variant, g_scaling
-            tables.setdefault(key, {})[r[9]] = dict(zip(cols, r[10:10 + len(cols)]))
-            info[key] = {"index": r[0], "name": r[1], "file_manifold": r[2], "manifold": r[3],
-                         "shape": [r[4], r[5]], "g_scaling": r[6], "g_rms": r[7], "w_residual": r[8]}
-        per_pair = [{**info[k], **_curve_stats(t, sec)} for k, t in tables.items()]
-        agg = {}
-        for p in per_pair:
-            agg.setdefault(f"{p['manifold']}/{p['g_scaling']}", []).append(p)
-        out["pairs"] = {
-            "per_pair": per_pair,
-            "by_manifold": {k: {"pairs": len(v),
-                                "compression": _range([p["compression"] for p in v]),
-                                "compression_median": float(np.median([p["compression"] for p in v
-                                                                       if p["compression"] is not None]))
-                                if any(p["compression"] is not None for p in v) else None,
-                                "e_W": _range([p["e_W"] for p in v]),
-                                "e_A": _range([p["e_A"] for p in v]),
-                                "retraction_factor": _range([p.get("retraction_factor") for p in v])}
-                            for k, v in agg.items()},
-            "skipped": skipped,
-        }
-    return out
+    return res
+
+
+def _derive_pairs(sec: dict, pair_rows: list[tuple], skipped: list[dict], cols: list[str]) -> dict:
+    tables: dict[tuple, dict] = {}
+    info = {}
+    for r in pair_rows:
+        key = (r[0], r[3], r[6])  # index, variant, g_scaling
+        tables.setdefault(key, {})[r[9]] = dict(zip(cols, r[10:10 + len(cols)]))
+        info[key] = {"index": r[0], "name": r[1], "file_manifold": r[2], "manifold": r[3],
+                     "shape": [r[4], r[5]], "g_scaling": r[6], "g_rms": r[7], "w_residual": r[8]}
+    per_pair = [{**info[k], **_curve_stats(t, sec)} for k, t in tables.items()]
+    agg = {}
+    for p in per_pair:
+        agg.setdefault(f"{p['manifold']}/{p['g_scaling']}", []).append(p)
+    return {
+        "per_pair": per_pair,
+        "by_manifold": {k: {"pairs": len(v),
+                            "compression": _range([p["compression"] for p in v]),
+                            "compression_median": float(np.median([p["compression"] for p in v
+                                                                   if p["compression"] is not None]))
+                            if any(p["compression"] is not None for p in v) else None,
+                            "e_W": _range([p["e_W"] for p in v]),
+                            "e_A": _range([p["e_A"] for p in v]),
+                            "retraction_factor": _range([p.get("retraction_factor") for p in v])}
+                        for k, v in agg.items()},
+        "skipped": skipped,
+    }
 
 
 def main(argv=None) -> int:

@@ -1,7 +1,10 @@
 """The dual-ascent step-size study and the convergence curves.
 
-For each manifold variant and size ``n``: ``seeds`` random square pairs ``(W, G)``
-(see :func:`mwm.studies.common.random_pairs`), and dual ascent for ``iterations``
+For each msign precision of ``studies.precisions`` (the first, bfloat16 by
+default, is the faithful protocol: the released code's msign; float32 is the
+control), each manifold variant and size ``n``: ``seeds`` random square pairs ``(W, G)``
+(see :func:`mwm.studies.common.random_pairs`), plus tall ``aspect n x n`` pairs at
+``tall_sizes`` (GPT-2's c_attn 3:1 and c_fc 4:1), and dual ascent for ``iterations``
 iterations (linear decay) at every alpha of a log-spaced grid plus the reference
 alphas (Bernstein's 0.01, the paper's 0.1). All alphas and seeds of one size go
 into one batched call (tensor-valued alpha), cut into chunks of at most
@@ -9,8 +12,10 @@ into one batched call (tensor-valued alpha), cut into chunks of at most
 
 Outputs under ``--out``:
 
+Every CSV row carries ``precision`` and ``m`` (``m = n``: square) before ``n``.
+
 ``alpha_trajectories.csv``
-    ``manifold, init, n, alpha, on_grid, seed, iteration, violation``: the tangent
+    ``manifold, init, precision, m, n, alpha, on_grid, seed, iteration, violation``: the tangent
     violation ``||H_t||_RMS`` of every iterate (iteration 1 is ``Lambda_0``'s).
 ``alpha_final.csv``
     ``manifold, init, n, alpha, on_grid, seed, init_residual, initial_violation,
@@ -21,7 +26,9 @@ Outputs under ``--out``:
 ``alpha_derived.json``
     alpha_opt per size, the power-law fit, the n = 16 outlier, the default alpha
     against the best, the universal alpha's ratio to the optimum, the convergence
-    curve statistics, the exact-init control; each next to the paper's number.
+    curve statistics, the exact-init control (``manifolds``: the faithful protocol's
+    square study; ``protocols``: every precision, square and ``tall``; ``floor``: the
+    control's best violation against the faithful one's).
 
 Run ``python -m mwm.studies.alpha --config config/ci.yaml --out results/studies/ci``.
 """
@@ -36,23 +43,15 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from .. import paper
 from ..dual_ascent import dual_ascent
 from .common import (chunks, main_for, random_pairs, resolve_device, run_meta, variant_manifold,
                      write_csv, write_json)
 
 __all__ = ["alpha_grid", "power_law_fit", "run_alpha", "derive_alpha", "main"]
 
-PAPER = {
-    "fit": {"prefactor": 0.003, "exponent": 0.67, "r2": 0.74, "min_n": 32},
-    "outlier": {"n": 16, "observed_alpha_opt": 0.17, "predicted_alpha_opt": 0.02},
-    "default_vs_best": {
-        "64": {"violation_at_default": 3.3e-3, "best_violation": 2.5e-3},
-        "768": {"violation_at_default": 1.9e-3, "best_violation": 6.6e-4},
-    },
-    "universal_ratio": "violation (or alpha) within a factor of 2 of the per-size optimum over n in [32, 1024]",
-    "convergence": "n = 64: peak ~8e-2 near iteration 10, final 5e-3; n >= 512: plateau 4-5e-3 "
-                   "for ~80 iterations, then a drop by ~10x in the last 20",
-}
+#: The paper's alpha-study numbers (from :mod:`mwm.paper`, one source of truth).
+PAPER = paper.alpha_numbers()
 
 
 def alpha_grid(spec: dict) -> list[float]:
@@ -111,20 +110,24 @@ def power_law_fit(ns: Sequence[float], ys: Sequence[float]) -> dict:
 
 @torch.no_grad()
 def _sweep(variant: str, init: str, n: int, alphas: Sequence[float], seeds: int, iters: int,
-           base_seed: int, device: torch.device, max_elements: int) -> dict:
-    """Violation trajectories ``(iters, len(alphas), seeds)`` of one size, batched."""
+           base_seed: int, device: torch.device, max_elements: int, precision: str = "float32",
+           m: int | None = None) -> dict:
+    """Violation trajectories ``(iters, len(alphas), seeds)`` of one ``m x n`` shape, batched."""
     mf = variant_manifold(variant)
-    W, G = random_pairs("alpha", variant, n, seeds, base_seed, stiefel_init=init if init != "retraction" else "msign")
+    m = n if m is None else m
+    W, G = random_pairs("alpha", variant, n, seeds, base_seed, stiefel_init=init if init != "retraction" else "msign",
+                        m=m, precision=precision)
     residual = mf.constraint_residual(W).double().numpy()
     A, S = len(alphas), seeds
     a_idx = torch.arange(A * S) // S
     s_idx = torch.arange(A * S) % S
     alpha_vec = torch.tensor(list(alphas), dtype=torch.float64)[a_idx]
     traj = torch.empty(iters, A * S, dtype=torch.float64)
-    for sl in chunks(A * S, n * n, max_elements):
+    for sl in chunks(A * S, m * n, max_elements):
         Wc = W[s_idx[sl]].to(device)
         Gc = G[s_idx[sl]].to(device)
-        res = dual_ascent(Wc, Gc, mf, alpha=alpha_vec[sl].to(device), steps=iters, record_violations=True)
+        res = dual_ascent(Wc, Gc, mf, alpha=alpha_vec[sl].to(device), steps=iters, record_violations=True,
+                          precision=precision)
         traj[:, sl] = res.violations.double().cpu()
     return {"traj": traj.reshape(iters, A, S).numpy(), "residual": residual}
 
@@ -149,36 +152,42 @@ def run_alpha(cfg: dict, out: str | Path, config_path: str | None = None, log=pr
         else:
             arms.append((variant, "retraction", alphas, on_grid))
 
+    shapes = [(n, n) for n in sec["sizes"]]
+    shapes += [(k * n, n) for n in sec["tall_sizes"] for k in sec["tall_aspects"]]
     results = {}
     traj_rows, final_rows, summary_rows = [], [], []
-    for variant, init, arm_alphas, arm_grid in arms:
-        for n in sec["sizes"]:
-            t1 = time.perf_counter()
-            r = _sweep(variant, init, n, arm_alphas, seeds, iters, studies["seed"], device,
-                       studies["max_batch_elements"])
-            results[(variant, init, n)] = (arm_alphas, arm_grid, r)
-            log(f"alpha: {variant:>13} init={init:<10} n={n:<5} {len(arm_alphas)} alphas x {seeds} seeds "
-                f"x {iters} it: {time.perf_counter() - t1:.1f} s")
-            tr, res_ = r["traj"], r["residual"]
-            for ai, (a, g) in enumerate(zip(arm_alphas, arm_grid)):
-                fin = tr[-1, ai, :]
-                for s in range(seeds):
-                    for it in range(iters):
-                        traj_rows.append((variant, init, n, a, g, s, it + 1, float(tr[it, ai, s])))
-                    final_rows.append((variant, init, n, a, g, s, float(res_[s]), float(tr[0, ai, s]), float(fin[s])))
-                summary_rows.append((variant, init, n, a, g, seeds, float(fin.mean()),
-                                     float(fin.std(ddof=1)) if seeds > 1 else 0.0, float(np.median(fin)),
-                                     float(fin.min()), float(fin.max()), float(tr[0, ai, :].mean())))
+    for prec in studies["precisions"]:
+        for variant, init, arm_alphas, arm_grid in arms:
+            for m, n in shapes:
+                if m != n and init == "exact":
+                    continue  # the exact-init control is about square W
+                t1 = time.perf_counter()
+                r = _sweep(variant, init, n, arm_alphas, seeds, iters, studies["seed"], device,
+                           studies["max_batch_elements"], precision=prec, m=m)
+                results[(variant, init, prec, m, n)] = (arm_alphas, arm_grid, r)
+                log(f"alpha: {prec:<8} {variant:>13} init={init:<10} {m}x{n:<5} {len(arm_alphas)} alphas x {seeds} "
+                    f"seeds x {iters} it: {time.perf_counter() - t1:.1f} s")
+                tr, res_ = r["traj"], r["residual"]
+                key = (variant, init, prec, m, n)
+                for ai, (a, g) in enumerate(zip(arm_alphas, arm_grid)):
+                    fin = tr[-1, ai, :]
+                    for s in range(seeds):
+                        for it in range(iters):
+                            traj_rows.append((*key, a, g, s, it + 1, float(tr[it, ai, s])))
+                        final_rows.append((*key, a, g, s, float(res_[s]), float(tr[0, ai, s]), float(fin[s])))
+                    summary_rows.append((*key, a, g, seeds, float(fin.mean()),
+                                         float(fin.std(ddof=1)) if seeds > 1 else 0.0, float(np.median(fin)),
+                                         float(fin.min()), float(fin.max()), float(tr[0, ai, :].mean())))
     wall = time.perf_counter() - t0
 
-    base = ["manifold", "init", "n", "alpha", "on_grid"]
+    base = ["manifold", "init", "precision", "m", "n", "alpha", "on_grid"]
     write_csv(out / "alpha_trajectories.csv", base + ["seed", "iteration", "violation"], traj_rows)
     write_csv(out / "alpha_final.csv", base + ["seed", "init_residual", "initial_violation", "final_violation"],
               final_rows)
     write_csv(out / "alpha_summary.csv",
               base + ["seeds", "mean", "std", "median", "min", "max", "initial_mean"], summary_rows)
-    derived = derive_alpha(sec, results)
-    derived["meta"] = run_meta(sec, device, wall, config_path)
+    derived = derive_alpha(sec, results, studies["precisions"])
+    derived["meta"] = run_meta(sec, device, wall, config_path, studies["precisions"])
     write_json(out / "alpha_derived.json", derived)
     return derived
 
@@ -187,10 +196,69 @@ def _null(reason: str, **keys) -> dict:
     return {**{k: None for k in keys}, "reason": reason} if keys else {"value": None, "reason": reason}
 
 
-def derive_alpha(sec: dict, results: dict) -> dict:
-    """Derived numbers from ``{(variant, init, n): (alphas, on_grid, {"traj", "residual"})}``."""
+def derive_alpha(sec: dict, results: dict, precisions: Sequence[str] = ("float32",)) -> dict:
+    """Derived numbers from ``{(variant, init, precision, m, n): (alphas, on_grid, {"traj", "residual"})}``.
+
+    ``manifolds`` is the faithful protocol's (``precisions[0]``) square study;
+    ``protocols[p]`` holds every precision's square study and its ``tall`` shapes;
+    ``floor`` compares each control's best violation with the faithful one's.
+    """
+    precisions = list(precisions)
     out = {"grid": alpha_grid(sec["alpha_grid"]), "alphas_run": run_alphas(sec)[0],
-           "iterations": sec["iterations"], "seeds": sec["seeds"], "paper": PAPER, "manifolds": {}}
+           "iterations": sec["iterations"], "seeds": sec["seeds"], "paper": PAPER,
+           "faithful": precisions[0], "precisions": precisions, "universal_alpha": sec["universal_alpha"],
+           "default_alpha": sec["default_alpha"], "protocols": {}}
+    for p in precisions:
+        square = {(v, i, n): r for (v, i, pp, m, n), r in results.items() if pp == p and m == n}
+        proto = _derive_square(sec, square)
+        proto["tall"] = _derive_tall(sec, {(v, i, m, n): r for (v, i, pp, m, n), r in results.items()
+                                           if pp == p and m != n})
+        out["protocols"][p] = proto
+    out["manifolds"] = out["protocols"][precisions[0]]["manifolds"]
+    out["floor"] = _floor(out, precisions)
+    return out
+
+
+def _floor(out: dict, precisions: list[str]) -> dict:
+    """Per control precision and size: best violation of the control against the
+    faithful protocol's (Stiefel, square), and their ratio."""
+    faithful = out["protocols"][precisions[0]]["manifolds"].get("stiefel")
+    res = {}
+    for p in precisions[1:]:
+        ctrl = out["protocols"][p]["manifolds"].get("stiefel")
+        if faithful is None or ctrl is None:
+            continue
+        fb = {r["n"]: r["best_violation"] for r in faithful["per_size"]}
+        rows = []
+        for r in ctrl["per_size"]:
+            f = fb.get(r["n"])
+            rows.append({"n": r["n"], "faithful_best": f, "control_best": r["best_violation"],
+                         "ratio": f / r["best_violation"] if f is not None and r["best_violation"] > 0 else None})
+        res[p] = rows
+    return res
+
+
+def _derive_tall(sec: dict, results: dict) -> dict:
+    """Per variant and tall shape: alpha_opt, best violation, the violations at the
+    default and universal alphas, and ``H(Lambda_0)`` (the first iterate's violation)."""
+    d_a, u_a = sec["default_alpha"], sec["universal_alpha"]
+    out: dict = {}
+    for (variant, init, m, n), (alphas, on_grid, r) in sorted(results.items()):
+        fin = r["traj"][-1]
+        mean = fin.mean(axis=1)
+        grid_idx = [i for i, g in enumerate(on_grid) if g]
+        k = min(grid_idx, key=lambda i: mean[i])
+        di, ui = _index_of(alphas, d_a), _index_of(alphas, u_a)
+        out.setdefault(variant, []).append({
+            "m": m, "n": n, "aspect": m / n, "init": init, "alpha_opt": alphas[k], "best_violation": float(mean[k]),
+            "violation_at_default": float(mean[di]), "violation_at_universal": float(mean[ui]),
+            "initial_violation_mean": float(r["traj"][0, ui].mean())})
+    return out
+
+
+def _derive_square(sec: dict, results: dict) -> dict:
+    """The square study's derived numbers from ``{(variant, init, n): (alphas, on_grid, {...})}``."""
+    out: dict = {"manifolds": {}}
     sizes = sorted(sec["sizes"])
     d_a, u_a = sec["default_alpha"], sec["universal_alpha"]
     for variant in sec["manifolds"]:

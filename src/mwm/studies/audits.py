@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .. import paper
 from ..manifolds import get_manifold
 from ..msign import GRAM_RESTART, msign, polar_exact
 from ..schedule import muon_lr
@@ -542,6 +543,77 @@ def audit_tangent_dims(sec: dict) -> tuple[list[dict], dict]:
     return rows, summary
 
 
+# -- further stated numbers: GELU', Propositions 1-2, the AdamW share --------------------------------
+
+def audit_gelu(lo: float = -10.0, hi: float = 10.0, step: float = 1e-4) -> dict:
+    """max |GELU'(x)| on a dense float64 grid, for the erf form and the tanh form
+    (autograd derivatives), with its argument; the paper states <= 1.08."""
+    x = torch.arange(lo, hi + step, step, dtype=torch.float64, requires_grad=True)
+    out = {}
+    for form in ("none", "tanh"):
+        (g,) = torch.autograd.grad(torch.nn.functional.gelu(x, approximate=form).sum(), x)
+        g = g.detach()
+        k = int(g.abs().argmax())
+        out["erf" if form == "none" else "tanh"] = {"max_abs_derivative": float(g.abs()[k]), "at_x": float(x.detach()[k])}
+    worst = max(v["max_abs_derivative"] for v in out.values())
+    return {**out, "grid": {"lo": lo, "hi": hi, "step": step}, "max": worst, "paper_bound": paper.GELU_BOUND,
+            "holds": worst <= paper.GELU_BOUND}
+
+
+def audit_propositions(sec: dict) -> dict:
+    """Proposition 1's lower bound ``sqrt(2(L-1)) e^(-R^2/sqrt(d_k))`` against the
+    softmax Jacobian of logit vectors its premise allows (range ``Delta z <= 2 R^2 /
+    sqrt(d_k)``): one logit at ``Delta z``, the others at 0, which has the smallest
+    ||J||_F for that range; and the universal maximum ``||J||_F <= 1/2``.
+    Proposition 2: scaling one DGram column scales the logits; ||J||_F at scale 1e3."""
+    d_k = sec["logit_bound"]["d_k"]
+    rows, violated = [], 0
+    for L in (2, 16, 256, 1024):
+        for R in (0.1, 1.0, 2.0, 4.0, math.sqrt(sec["logit_bound"]["d"])):
+            bound = math.sqrt(2 * (L - 1)) * math.exp(-R * R / math.sqrt(d_k))
+            dz = 2 * R * R / math.sqrt(d_k)
+            z = torch.zeros(L, dtype=torch.float64)
+            z[0] = dz
+            jac = float(softmax_quantities(z[None])["fro2"].clamp_min(0).sqrt()[0])
+            bad = jac < bound
+            violated += int(bad)
+            rows.append({"L": L, "R": R, "d_k": d_k, "bound": bound, "jac_fro_at_max_range": jac,
+                         "violated": bad})
+    small = next(r for r in rows if r["L"] == 2 and r["R"] == 0.1)
+    gen = torch.Generator().manual_seed(pair_seed("prop2", 0))
+    z = torch.randn(64, 256, generator=gen, dtype=torch.float64)
+    jac_scaled = softmax_quantities(1e3 * z)["fro2"].clamp_min(0).sqrt()
+    dgram_min = float(jac_scaled.min())  # "there exists": the best row
+    prop1_holds = violated == 0
+    return {
+        "prop1": {"cases": rows, "violated": violated, "cases_checked": len(rows), "holds": prop1_holds,
+                  "example_small_R": small, "universal_max_jac_fro": 0.5,
+                  "note": "inverting the corollary's upper bound gives no lower bound; the stated one exceeds the "
+                          "universal maximum 1/2 for small R and exceeds the smallest ||J||_F the premise allows"},
+        "prop2": {"logit_scale": 1e3, "min_jac_fro_over_rows": dgram_min, "reaches_1e-6": dgram_min < 1e-6,
+                  "holds": dgram_min < 1e-6 and prop1_holds,
+                  "note": "DGram reaching ||J||_F -> 0 holds (scale a column); the contrast with Stiefel rests on "
+                          "Proposition 1's lower bound"},
+    }
+
+
+def audit_adamw_share() -> dict:
+    """Share of GPT-2 small's parameters (tied head, as released) that AdamW trains
+    under the paper's split (embeddings, LayerNorm, head: AdamW; hidden matrices: Muon)."""
+    from ..assignments import ADAMW, resolve_assignment
+    from ..model import GPT, GPTConfig
+
+    with torch.device("meta"):
+        model = GPT(GPTConfig(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768))
+    named = [(n, p) for n, p in model.named_parameters()]
+    plan = resolve_assignment(named, "stiefel")
+    total = sum(p.numel() for _, p in named)
+    adamw = sum(p.numel() for n, p in named if plan[n] == ADAMW)
+    head = model.lm_head.weight.numel()
+    return {"total": total, "adamw": adamw, "share": adamw / total, "untied_head_share": (adamw + head) / (total + head),
+            "paper": "roughly 40%"}
+
+
 # -- the study ----------------------------------------------------------------------------------
 
 def run_audits(cfg: dict, out: str | Path, config_path: str | None = None, spectral: str | None = None,
@@ -576,6 +648,10 @@ def run_audits(cfg: dict, out: str | Path, config_path: str | None = None, spect
     write_csv(out / "tangent_dims.csv",
               ["shape", "m", "n", "module", "manifold", "tangent_dim", "ambient", "fraction", "minus_stiefel"],
               td_rows)
+
+    derived["gelu"] = audit_gelu()
+    derived["propositions"] = audit_propositions(sec)
+    derived["adamw_share"] = audit_adamw_share()
 
     if cfg.get("train"):
         own = cfg["train"]

@@ -71,7 +71,8 @@ def pair_seed(*parts: Any) -> int:
 
 
 def random_pairs(study: str, variant: str, n: int, seeds: int, base_seed: int,
-                 stiefel_init: str = "msign", m: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 stiefel_init: str = "msign", m: int | None = None, precision: str = "float32"
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``seeds`` random ``(W, G)`` pairs of shape ``m x n`` (``m`` defaults to ``n``), float32, CPU.
 
     ``G`` is standard Gaussian. ``W`` is a Gaussian matrix divided by ``sqrt(m)`` (so
@@ -79,7 +80,8 @@ def random_pairs(study: str, variant: str, n: int, seeds: int, base_seed: int,
     manifold) and put on the manifold: Stiefel by Polar Express (``msign``, the
     paper's stated init) or the exact polar factor (``exact``); DGram and Oblique by
     their retraction. Seed ``s`` of size ``n`` draws the same Gaussian matrices for
-    every variant, so variants are compared on the same draws.
+    every variant, so variants are compared on the same draws. ``precision`` is the
+    msign precision of the Stiefel ``msign`` init (the study's protocol).
     """
     m = n if m is None else m
     if stiefel_init not in ("msign", "exact"):
@@ -92,7 +94,7 @@ def random_pairs(study: str, variant: str, n: int, seeds: int, base_seed: int,
         Gs.append(torch.randn(m, n, generator=g))
     X, G = torch.stack(Ws), torch.stack(Gs)
     if mf.name == "stiefel":
-        W = msign(X) if stiefel_init == "msign" else mf.init(X)
+        W = msign(X, precision=precision) if stiefel_init == "msign" else mf.init(X)
     else:
         W = mf.init(X)
     return W.contiguous(), G.contiguous()
@@ -187,7 +189,8 @@ def read_csv(path: str | Path) -> list[dict[str, str]]:
         return list(csv.DictReader(fh))
 
 
-def run_meta(section: dict, device: torch.device, wall_s: float, config_path: str | None) -> dict:
+def run_meta(section: dict, device: torch.device, wall_s: float, config_path: str | None,
+             precisions: Sequence[str] = ("float32",)) -> dict:
     """Provenance block written into every derived JSON."""
     return {
         "config": config_path,
@@ -198,6 +201,8 @@ def run_meta(section: dict, device: torch.device, wall_s: float, config_path: st
         "threads": torch.get_num_threads(),
         "python": platform.python_version(),
         "dtype": "float32",
+        "msign_precisions": list(precisions),
+        "faithful_precision": precisions[0],
     }
 
 
