@@ -446,3 +446,28 @@ def test_plotting_parameter_reruns_only_the_report(ws):
         path.write_text(old)
     assert "up to date" in run(["dvc", "status", "dvc.yaml"], root, env).stdout
 
+
+def test_snakemake_html_report_from_the_ci_run(ws):
+    """`snakemake --report paper_figures/<name>/report.html` builds from the CI run (here the pulled
+    one): every figure and table of the report folder is in it with a caption; DVC ignores the file."""
+    root, env = ws["root"], ws["env"]
+    html_path = root / "paper_figures" / "ci" / "report.html"
+    try:
+        run(["snakemake", "--configfile", CI, "--report", str(html_path.relative_to(root))], root, env, timeout=600)
+        html = html_path.read_text()
+        folder = root / "paper_figures" / "ci"
+        items = sorted(p.name for p in folder.iterdir() if p.suffix in (".png", ".gif", ".csv"))
+        assert any(i.endswith(".png") for i in items) and "ledger.csv" in items
+        for item in items:
+            key = f'"paper_figures/ci/{item}": {{'
+            assert key in html, f"{item} is not in the report"
+            entry = html[html.index(key): html.index(key) + 4000]
+            caption = re.search(r'"caption": "((?:[^"\\]|\\.)*)"', entry)
+            assert caption and len(caption.group(1)) > 80, f"{item} has no caption"
+            assert "Uncaptioned" not in caption.group(1), f"{item}: {caption.group(1)[:200]}"
+        assert "Paper" in html and "3.3544" in html  # captions say what the paper claimed
+        assert all(c in html for c in ('"Studies"', '"Training"', '"Tables"', '"Ledger"'))
+        assert "Rebuild of" in html  # the workflow description
+        assert "up to date" in run(["dvc", "status", "dvc.yaml"], root, env).stdout  # .dvcignore
+    finally:
+        html_path.unlink(missing_ok=True)
