@@ -1,41 +1,26 @@
 """DVC pipelines generated from the Snakemake DAG, and the timestamp sync after ``dvc pull``.
 
-Snakemake is the one engine that knows how each product is built; DVC versions the
-products and shares them through a remote. Each config is its own DVC pipeline:
+Snakemake builds; DVC versions and shares the products. Each config is one DVC pipeline: the
+embedded default (``config/config.yaml``) in the root ``dvc.yaml`` (a bare ``dvc repro`` is it),
+every other ``config/<name>.yaml`` in ``pipelines/<name>/dvc.yaml`` (stages run from the
+repository root: ``wdir: ../..``). The jobs come from Snakemake's command line
+(``snakemake --dry-run --forceall --printshellcmds``); one stage per rule file and config:
 
-- the embedded default (``config/config.yaml``) in the repository root's ``dvc.yaml``, so a
-  bare ``dvc repro`` reproduces it and nothing else;
-- every other config ``config/<name>.yaml`` in ``pipelines/<name>/dvc.yaml``, named
-  explicitly (``dvc repro pipelines/ci/dvc.yaml``); its stages run from the repository
-  root (``wdir: ../..``).
+- ``cmd``:    ``snakemake --cores all --configfile C --allowed-rules <its rules> -- <targets>``
+              (other stages' outputs are plain inputs: a stage never reruns another's jobs);
+- ``deps``:   inputs made by other stages, the rule file, the package code the ``python -m mwm...``
+              entry points import (:func:`code_deps`), the schema of each ``params`` section;
+- ``params``: ``C: [sections]`` from :data:`PARAMS`; ``outs``: exactly the jobs' outputs
+              (checkpoints ``push: false`` when ``workflow.dvc_push_checkpoints`` is false);
+- top level:  ``metrics:`` every ``summary.json``; ``plots:`` val loss and sigma_max per config.
 
-The jobs come from Snakemake's public command line (``snakemake --dry-run --forceall
---printshellcmds``). One DVC stage per rule file and config (``data-ci``, ``train-ci``, ...):
+    python -m mwm.dvcgen                 # write dvc.yaml and pipelines/*/dvc.yaml (config/*.yaml)
+    python -m mwm.dvcgen --check         # exit 1 with a diff if any of them is stale
+    python -m mwm.dvcgen sync [--config config/ci.yaml]   # dvc pull, then snakemake --touch
 
-- ``cmd``:    ``snakemake --cores all --configfile <config> --allowed-rules <its rules> -- <targets>``
-              (``--allowed-rules`` makes other stages' outputs plain inputs, so a DVC stage never
-              reruns another stage's jobs);
-- ``deps``:   the jobs' inputs made by other stages; the rule file; the package code, as
-              folders and files a maintainer can read: the top-level modules and subpackages
-              (as folders) each ``python -m mwm...`` entry point imports (:func:`code_deps`);
-              the schema file of each config section in ``params``;
-- ``params``: ``<config file>: [sections]`` from :data:`PARAMS` (values are never restated);
-- ``outs``:   exactly the jobs' outputs; checkpoints (:data:`CHECKPOINTS`) get ``push: false``
-              when the config's ``workflow.dvc_push_checkpoints`` is false.
-
-Top-level ``metrics:`` lists every ``summary.json`` and ``plots:`` a val-loss and a sigma_max
-plot per config (template ``.dvc/plots/sigma_max.json``).
-
-Command line (from the repository root)::
-
-    python -m mwm.dvcgen                 # write dvc.yaml and pipelines/*/dvc.yaml for config/*.yaml
-    python -m mwm.dvcgen --check         # exit 1 (and a diff) if any of them is stale
-    python -m mwm.dvcgen sync --config config/ci.yaml   # dvc pull, then snakemake --touch
-
-``sync``: DVC checkouts do not keep modification times, so after ``dvc pull`` Snakemake
-would see outputs older than their inputs and rerun them. ``sync`` pulls the config's
-pipeline, checks every output is there, and runs ``snakemake --touch`` (in DAG order, so
-every output is newer than its inputs); ``snakemake all -n`` then has nothing to do.
+``sync``: a DVC checkout does not keep modification times, so Snakemake would rerun pulled
+outputs; ``sync`` pulls the config's pipeline, checks its outputs arrived, and runs
+``snakemake --touch`` (in DAG order); ``snakemake all -n`` then has nothing to do.
 """
 
 from __future__ import annotations
