@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 from pathlib import Path
 
@@ -113,3 +114,23 @@ def test_reads_a_run_being_written_without_locking(cfg, tmp_path):
     os.chmod(folder / "metrics.csv", 0o444)
     got = status.collect(cfg, tmp_path / "results")
     assert got[0].status == "running" and got[0].step == 5
+
+
+def test_a_real_run_logs_progress_and_reads_completed(tmp_path, monkeypatch, capsys, one_thread):
+    """The training log shows step, loss, lr, ms/step and ETA every log_interval steps, and the
+    status table reads the finished run folder."""
+    import fakedata
+    from mwm.train import train
+
+    path = fakedata.write_config(tmp_path / "tiny.yaml", train__max_iters=8, train__log_interval=4)
+    cfg = load_config(str(path))
+    monkeypatch.setattr("mwm.train.resolve_data", lambda c: fakedata.FakeData())
+    assert train(cfg, "stiefel", 0, out_root=tmp_path / "results") == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if " step " in ln and "/8 " in ln]
+    assert [ln.split()[3] for ln in lines] == ["0/8", "4/8"]
+    for ln in lines:
+        assert re.search(r"loss \d+\.\d{4} lr \d\.\d\de-\d\d \d+\.\d ms/step .* eta \d+(\.\d)? (s|min|h)$", ln), ln
+    got = {r.variant: r for r in status.collect(cfg, tmp_path / "results")}
+    assert got["stiefel"].status == "completed" and got["stiefel"].step == 8
+    assert got["stiefel"].val_loss is not None and got["stiefel"].ms_per_step > 0
+    assert got["none"].status == "pending"
