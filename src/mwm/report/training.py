@@ -162,7 +162,7 @@ def fig_sigma_layers(runs, out: Path, variants: list[str]) -> None:
     for ax, v, m in zip(axes[0], variants, mats):
         im = ax.imshow(m.values, aspect="auto", origin="lower", norm=LogNorm(vmin, vmax), cmap="viridis",
                        extent=[m.columns.min(), m.columns.max(), -0.5, m.shape[0] - 0.5])
-        ax.set(title=style.label(v), xlabel="step")
+        ax.set(title=style.label(v), xlabel="step", yticks=range(m.shape[0]))
     axes[0][0].set_ylabel("layer")
     fig.colorbar(im, ax=axes[0].tolist(), label=r"attention $\sigma_{\max}$", shrink=0.9)
     style.save(fig, out, "fig6_sigma_max_layers")
