@@ -471,3 +471,29 @@ def test_snakemake_html_report_from_the_ci_run(ws):
         assert "up to date" in run(["dvc", "status", "dvc.yaml"], root, env).stdout  # .dvcignore
     finally:
         html_path.unlink(missing_ok=True)
+
+
+def test_jobs_parsed_from_the_dry_run(monkeypatch):
+    """Jobs come from `snakemake --dry-run --printshellcmds` text; a multi-line command and a
+    launcher taking the module (`torchrun ... -m mwm.train`) still give the entry point."""
+    from mwm import dvcgen
+
+    text = ("Building DAG of jobs...\n\n[Tue Dec  1 06:23:04 2026]\nrule train:\n"
+            "    input: data/d/train.bin, data/d/val.bin\n    output: results/runs/c/a/seed0/summary.json, "
+            "results/runs/c/a/seed0/spectra\n    log: logs/c/train/a/seed0.log\n    jobid: 5\n"
+            "Shell command: if [ 2 -gt 1 ]; then\n  torchrun --nproc_per_node 2 -m mwm.train --config c.yaml\n"
+            "else python -m mwm.train --config c.yaml; fi\n\n[Tue Dec  1 06:23:04 2026]\nlocalrule all:\n"
+            "    input: results/runs/c/a/seed0/summary.json\n    jobid: 0\n")
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(dvcgen.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, text, ""))
+    train, done = dvcgen.snakemake_jobs(CI)
+    assert (train.rule, train.rulefile, done.rule, done.outputs) == ("train", "rules/train.smk", "all", [])
+    assert train.inputs == ["data/d/train.bin", "data/d/val.bin"]
+    assert train.outputs == ["results/runs/c/a/seed0/summary.json", "results/runs/c/a/seed0/spectra"]
+    assert train.shellcmd.count("mwm.train") == 2
+    seen = []
+    deps = dvcgen.code_deps("train", [train], imports=lambda e: seen.append(e) or ("train.py", "data/reader.py"))
+    assert seen == ["mwm.train", "mwm.train"] and deps == ["rules/train.smk", "src/mwm/train.py", "src/mwm/data"]
+    train.shellcmd = "bash scripts/launch.sh"
+    with pytest.raises(dvcgen.DvcGenError, match="no `-m mwm"):
+        dvcgen.code_deps("train", [train])

@@ -112,13 +112,18 @@ def snakemake_jobs(configfile: str, snakefile: str = SNAKEFILE, target: str = "a
         raise DvcGenError(f"{' '.join(cmd)} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
     files = rule_files(snakefile)
     jobs: list[Job] = []
+    in_shell = False  # a shell command may span lines, up to the next blank line
     for line in (proc.stdout + "\n" + proc.stderr).splitlines():
+        if in_shell and line.strip():
+            jobs[-1].shellcmd += "\n" + line
+            continue
+        in_shell = False
         if m := re.match(r"^(?:local)?rule (\w+):$", line):
             jobs.append(Job(m.group(1), files.get(m.group(1), snakefile), [], []))
         elif jobs and (m := re.match(r"^\s+(input|output): (.*)$", line)):
             (jobs[-1].inputs if m.group(1) == "input" else jobs[-1].outputs).extend(m.group(2).split(", "))
         elif jobs and line.startswith("Shell command: "):
-            jobs[-1].shellcmd = line.removeprefix("Shell command: ")
+            jobs[-1].shellcmd, in_shell = line.removeprefix("Shell command: "), True
     if not jobs:
         raise DvcGenError(f"{' '.join(cmd)} listed no jobs")
     return jobs
@@ -154,7 +159,12 @@ def code_deps(kind: str, jobs: list[Job], imports=imported_files) -> list[str]:
     imported inside functions)."""
     found = {f"{s}/" for s in USES.get(kind, ())}
     for job in jobs:
-        for entry in re.findall(r"python3?\s+-m\s+(mwm(?:\.\w+)*)", job.shellcmd):
+        # `python -m mwm.x`, and launchers that take a module the same way (`torchrun ... -m mwm.train`)
+        entries = re.findall(r"(?:^|\s)-m\s+(mwm(?:\.\w+)*)", job.shellcmd)
+        if not entries:
+            raise DvcGenError(f"rule {job.rule}: no `-m mwm...` entry point in its shell command, so its code "
+                              f"dependencies are unknown:\n{job.shellcmd}")
+        for entry in entries:
             found.update(imports(entry))
     files = sorted((PACKAGE / f).as_posix() for f in found if "/" not in f)
     pkgs = sorted({(PACKAGE / f.split("/")[0]).as_posix() for f in found if "/" in f})
