@@ -126,3 +126,16 @@ def spectral_input(wildcards):
 
 def all_targets():
     return [f"paper_figures/{NAME}"]
+
+
+# Snakemake's HTML report: the report folder's files it shows, and their category.
+REPORT_PATTERNS = ["{item}.png", "{item}.gif", "{item}.csv"]
+
+
+def report_category(wildcards):
+    item = wildcards.item
+    if item == "ledger":
+        return "Ledger"
+    if item.startswith("table"):
+        return "Tables"
+    return "Studies" if item.startswith(("fig3", "fig_alpha")) else "Training"

@@ -1,4 +1,6 @@
-# Report: every table and figure and the ledger, from results/ only.
+# Report: every table and figure and the ledger, from results/ only. Its figures, tables and
+# ledger are flagged for Snakemake's HTML report (snakemake --report paper_figures/<name>/report.html),
+# captioned by report/item.rst.
 
 
 rule report:
@@ -8,7 +10,12 @@ rule report:
         ABSORPTION_FILES,
         AUDIT_FILES,
     output:
-        directory(f"paper_figures/{NAME}"),
+        report(
+            directory(f"paper_figures/{NAME}"),
+            patterns=REPORT_PATTERNS,
+            caption="../report/item.rst",
+            category=report_category,
+        ),
     params:
         config=CONFIG_FILE,
     log:

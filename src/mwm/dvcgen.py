@@ -1,49 +1,34 @@
-"""``dvc.yaml`` generated from the Snakemake DAG, and the timestamp sync after ``dvc pull``.
+"""DVC pipelines generated from the Snakemake DAG, and the timestamp sync after ``dvc pull``.
 
-Snakemake is the one engine that knows how each product is built; DVC versions the
-products and shares them through a remote. This module asks Snakemake (its Python
-API) which jobs the target ``all`` has for each config and writes one DVC stage per
-(rule file, config): ``data-default``, ``train-default``, ``studies-ci``, ... (DVC
-reserves ``@`` for names it generates from ``foreach``). Each stage
+Snakemake builds; DVC versions and shares the products. Each config is one DVC pipeline: the
+embedded default (``config/config.yaml``) in the root ``dvc.yaml`` (a bare ``dvc repro`` is it),
+every other ``config/<name>.yaml`` in ``pipelines/<name>/dvc.yaml`` (stages run from the
+repository root: ``wdir: ../..``). The jobs come from Snakemake's command line
+(``snakemake --dry-run --forceall --printshellcmds``); one stage per rule file and config:
 
-- ``cmd``:    ``snakemake --cores all --configfile <config> --allowed-rules <its rules> -- <targets>``,
-              one target per job. ``--allowed-rules`` makes the inputs from other stages
-              plain files to Snakemake, so a DVC stage never reruns another stage's jobs;
-- ``deps``:   the jobs' inputs made by other stages, the rule file, the package code the
-              rules' ``python -m`` entry points import (a subpackage as a folder), and the
-              schema files of the config sections in ``params``;
-- ``params``: ``<config file>: [sections]``: the rule's ``params:`` named like a config
-              section (``train=CFG["train"]``), plus :data:`EXTRA_PARAMS`; values are never restated;
-- ``outs``:   exactly the jobs' outputs (``temp()`` ones excepted); checkpoints
-              (:data:`CHECKPOINTS`) get ``push: false`` when the config's
-              ``workflow.dvc_push_checkpoints`` is false.
+- ``cmd``:    ``snakemake --cores all --configfile C --allowed-rules <its rules> -- <targets>``
+              (other stages' outputs are plain inputs: a stage never reruns another's jobs);
+- ``deps``:   inputs made by other stages, the rule file, the package code the ``python -m mwm...``
+              entry points import (:func:`code_deps`), the schema of each ``params`` section;
+- ``params``: ``C: [sections]`` from :data:`PARAMS`; ``outs``: exactly the jobs' outputs
+              (checkpoints ``push: false`` when ``workflow.dvc_push_checkpoints`` is false);
+- top level:  ``metrics:`` every ``summary.json``; ``plots:`` val loss and sigma_max per config.
 
-Top level ``metrics:`` lists every ``summary.json`` (``dvc metrics show``: final and best val
-loss, status per run) and ``plots:`` a val-loss and a sigma_max plot per config, from the
-runs' ``eval.csv`` and ``spectral.csv`` (template ``.dvc/plots/sigma_max.json``).
+    python -m mwm.dvcgen                 # write dvc.yaml and pipelines/*/dvc.yaml (config/*.yaml)
+    python -m mwm.dvcgen --check         # exit 1 with a diff if any of them is stale
+    python -m mwm.dvcgen sync [--config config/ci.yaml]   # dvc pull, then snakemake --touch
 
-Command line (from the repository root)::
-
-    python -m mwm.dvcgen --config config/config.yaml --config config/ci.yaml   # write dvc.yaml
-    python -m mwm.dvcgen --check          # exit 1 (and a diff) if dvc.yaml is not what it would write
-    python -m mwm.dvcgen sync --config config/ci.yaml   # dvc pull, then snakemake --touch
-
-Without ``--config`` the generator uses the configs named in the header of the existing
-``dvc.yaml``, and ``sync`` uses ``config/config.yaml``.
-
-``sync``: DVC checkouts do not keep modification times, so after ``dvc pull`` Snakemake
-would see outputs older than their inputs and rerun them. ``sync`` pulls the config's
-stages, checks every output is there, and runs ``snakemake --touch`` for the config (in
-DAG order, so every output is newer than its inputs); ``snakemake all -n`` then has
-nothing to do.
+``sync``: a DVC checkout does not keep modification times, so Snakemake would rerun pulled
+outputs; ``sync`` pulls the config's pipeline, checks its outputs arrived, and runs
+``snakemake --touch`` (in DAG order); ``snakemake all -n`` then has nothing to do.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
 import difflib
 import fnmatch
+import functools
 import os
 import re
 import shlex
@@ -55,13 +40,21 @@ from pathlib import Path
 
 import yaml
 
-__all__ = ["Job", "snakemake_jobs", "build", "render", "generate", "main"]
+__all__ = ["Job", "snakemake_jobs", "build", "render", "generate", "check", "sync", "main"]
 
 DVC_YAML = "dvc.yaml"
 SNAKEFILE = "Snakefile"
+DEFAULT_CONFIG = "config/config.yaml"
+PIPELINES = Path("pipelines")
 PACKAGE = Path("src") / "mwm"
 SCHEMA = PACKAGE / "schema"
 
+#: Config sections (DVC ``params``) the entry points of each rule file read, besides ``name``.
+#: ``grid`` for training: a variant's assignment (``grid.custom``) is read from it. The report
+#: reads other sections only to describe the scale; their changes reach it through its inputs.
+PARAMS = {"data": ("data",), "train": ("train", "model", "grid"), "studies": ("studies",), "report": ()}
+#: Subpackages an entry point imports besides its own (tests/test_dvc.py checks the imports).
+USES = {"train": ("data",)}
 #: Outputs that are checkpoints (large; kept out of ``dvc push`` by ``workflow.dvc_push_checkpoints``).
 CHECKPOINTS = ("*.pt",)
 #: Outputs listed under top-level ``metrics:``.
@@ -73,14 +66,11 @@ PLOTS = (
     ("sigma_max", "spectral.csv", {"x": "step", "y": "sigma_max", "template": "sigma_max",
                                    "x_label": "step", "y_label": "sigma_max"}),
 )
-#: Config sections a rule's entry point reads besides the ones it passes as ``params:``.
-#: ``grid``: a variant's assignment (``grid.custom``) is read from it.
-EXTRA_PARAMS = {"train": ("grid",)}
 
 _HEADER = (
-    "# Generated from the Snakemake DAG by:  python -m mwm.dvcgen {args}\n"
-    "# Do not edit: change the rules or the configs and rerun it (tests/test_dvc.py checks with --check).\n"
-    "# Stages: <rule file>-<config name>; outputs are exactly the Snakemake rules' outputs.\n"
+    "# Generated from the Snakemake DAG by:  python -m mwm.dvcgen   (tests/test_dvc.py runs --check)\n"
+    "# Do not edit: change the rules or the configs and rerun it.\n"
+    "# Pipeline of {config}:  dvc repro{target}\n"
 )
 _INVALID = set(string.punctuation) - {"_", "-"}
 
@@ -96,217 +86,170 @@ class Job:
     rule: str
     rulefile: str  # the .smk (or Snakefile) the rule is defined in, relative to the repository
     inputs: list[str]
-    outputs: list[str]  # temp() outputs left out
-    params: list[str]  # names of the rule's params
+    outputs: list[str]
     shellcmd: str = ""
-    script: str | None = None
 
 
 # --- the Snakemake side -------------------------------------------------------------------
 
 
+def rule_files(snakefile: str = SNAKEFILE) -> dict[str, str]:
+    """Rule name -> the file defining it (the Snakefile and ``rules/*.smk``)."""
+    found = {}
+    for path in [Path(snakefile), *sorted(Path("rules").glob("*.smk"))]:
+        for name in re.findall(r"^(?:local)?rule\s+(\w+)\s*:", path.read_text(), flags=re.M):
+            found[name] = path.as_posix()
+    return found
+
+
 def snakemake_jobs(configfile: str, snakefile: str = SNAKEFILE, target: str = "all") -> list[Job]:
-    """The jobs Snakemake plans for ``target`` with ``--configfile configfile`` (all of them,
-    whether or not they need to run), from the current directory (the repository root)."""
-    from snakemake.api import SnakemakeApi
-    from snakemake.settings.enums import Quietness
-    from snakemake.settings.types import ConfigSettings, DAGSettings, OutputSettings, ResourceSettings
-
-    root = Path.cwd()
-    jobs = []
-    with SnakemakeApi(OutputSettings(quiet={Quietness.ALL})) as api:
-        wapi = api.workflow(resource_settings=ResourceSettings(cores=1),
-                            config_settings=ConfigSettings(configfiles=[Path(configfile)]),
-                            snakefile=Path(snakefile))
-        wapi.dag(DAGSettings(targets={target}))
-        # What `snakemake --summary` does, without printing: the DAG of every job of the target.
-        # (Workflow._prepare_dag/_build_dag are not public API; snakemake is pinned in the
-        # `workflow` extra and tests/test_dvc.py cross-checks the result with `--summary`.)
-        wf = wapi._workflow
-        wf._prepare_dag(forceall=False, ignore_incomplete=True, lock_warn_only=True, nolock=True)
-        wf._build_dag()
-        for job in wf.dag.jobs:
-            rule = job.rule
-            outputs = [str(f) for f in job.output if not f.flags.get("temp")]
-            script = getattr(rule, "script", None)
-            jobs.append(Job(
-                rule=rule.name,
-                rulefile=_rel(rule.snakefile, root),
-                inputs=[str(f) for f in job.input],
-                outputs=outputs,
-                params=list(getattr(job.params, "_names", {}) or {}),
-                shellcmd=rule.shellcmd or "",
-                script=_rel(script, root) if isinstance(script, (str, Path)) else None,
-            ))
+    """Every job of ``target`` with ``--configfile configfile`` (whether or not it needs to run),
+    from ``snakemake --dry-run --forceall --printshellcmds`` in the repository root."""
+    cmd = ["snakemake", "--snakefile", snakefile, "--configfile", configfile, "--dry-run", "--forceall",
+           "--printshellcmds", "--nolock", target]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise DvcGenError(f"{' '.join(cmd)} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    files = rule_files(snakefile)
+    jobs: list[Job] = []
+    in_shell = False  # a shell command may span lines, up to the next blank line
+    for line in (proc.stdout + "\n" + proc.stderr).splitlines():
+        if in_shell and line.strip():
+            jobs[-1].shellcmd += "\n" + line
+            continue
+        in_shell = False
+        if m := re.match(r"^(?:local)?rule (\w+):$", line):
+            jobs.append(Job(m.group(1), files.get(m.group(1), snakefile), [], []))
+        elif jobs and (m := re.match(r"^\s+(input|output): (.*)$", line)):
+            (jobs[-1].inputs if m.group(1) == "input" else jobs[-1].outputs).extend(m.group(2).split(", "))
+        elif jobs and line.startswith("Shell command: "):
+            jobs[-1].shellcmd, in_shell = line.removeprefix("Shell command: "), True
+    if not jobs:
+        raise DvcGenError(f"{' '.join(cmd)} listed no jobs")
     return jobs
-
-
-def _rel(path, root: Path) -> str:
-    p = Path(str(path))
-    try:
-        return p.resolve().relative_to(root.resolve()).as_posix()
-    except ValueError:
-        return p.as_posix()
 
 
 # --- code dependencies --------------------------------------------------------------------
 
 
-def _module_file(mod: str) -> Path | None:
-    parts = mod.split(".")
-    if parts[0] != PACKAGE.name:
-        return None
-    base = PACKAGE.joinpath(*parts[1:])
-    if (base / "__init__.py").is_file():
-        return base / "__init__.py"
-    if base.with_suffix(".py").is_file():
-        return base.with_suffix(".py")
-    return None
+_IMPORTS = """
+import importlib, importlib.util, sys
+entry = sys.argv[1]
+importlib.import_module(entry)
+if importlib.util.find_spec(entry).submodule_search_locations:  # a package: what -m runs
+    importlib.import_module(entry + ".__main__")
+print("\\n".join(sorted(m.__file__ for n, m in sys.modules.items() if n.split(".")[0] == "mwm")))
+"""
 
 
-def _imports(mod: str) -> set[str]:
-    path = _module_file(mod)
-    if path is None:
-        return set()
-    pkg = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = pkg.split(".")
-                base = base[: len(base) - (node.level - 1)]
-                src = ".".join(base + ([node.module] if node.module else []))
-            else:
-                src = node.module or ""
-            found.add(src)
-            found.update(f"{src}.{a.name}" for a in node.names)
-    return {m for m in found if _module_file(m) is not None}
+@functools.lru_cache(maxsize=None)
+def imported_files(entry: str) -> tuple[str, ...]:
+    """The package's files that ``python -m entry`` imports (Python's answer: the modules
+    loaded after importing it), relative to the repository root."""
+    proc = subprocess.run([sys.executable, "-c", _IMPORTS, entry], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise DvcGenError(f"importing {entry} failed:\n{proc.stderr[-2000:]}")
+    root = PACKAGE.resolve()
+    return tuple(Path(f).resolve().relative_to(root).as_posix() for f in proc.stdout.split())
 
 
-def module_closure(entry: str) -> set[str]:
-    """Every module of the package that ``python -m entry`` may import (imports anywhere in a
-    module, function bodies included), with the packages above each."""
-    todo = [entry]
-    if _module_file(entry) and _module_file(entry).name == "__init__.py":
-        todo.append(f"{entry}.__main__")
-    seen: set[str] = set()
-    while todo:
-        mod = todo.pop()
-        if mod in seen or _module_file(mod) is None:
-            continue
-        seen.add(mod)
-        parts = mod.split(".")
-        todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))
-        todo.extend(_imports(mod))
-    return seen
-
-
-def code_deps(jobs: list[Job]) -> list[str]:
-    """The code a set of jobs runs: rule files, scripts, and the package modules their
-    ``python -m`` commands import (top-level modules as files, subpackages as folders)."""
-    deps = set()
+def code_deps(kind: str, jobs: list[Job], imports=imported_files) -> list[str]:
+    """Rule files, then the package code the jobs' ``python -m mwm...`` entry points import: a
+    top-level module as its file, a subpackage as its folder (with :data:`USES`, the subpackages
+    imported inside functions)."""
+    found = {f"{s}/" for s in USES.get(kind, ())}
     for job in jobs:
-        deps.add(job.rulefile)
-        if job.script:
-            deps.add(job.script)
-        for entry in re.findall(r"python3?\s+-m\s+([A-Za-z_][\w.]*)", job.shellcmd):
-            for mod in module_closure(entry):
-                parts = mod.split(".")
-                if len(parts) > 2 or (len(parts) == 2 and _module_file(mod).name == "__init__.py"):
-                    deps.add((PACKAGE / parts[1]).as_posix())
-                else:
-                    deps.add(_module_file(mod).as_posix())
-    return sorted(deps)
+        # `python -m mwm.x`, and launchers that take a module the same way (`torchrun ... -m mwm.train`)
+        entries = re.findall(r"(?:^|\s)-m\s+(mwm(?:\.\w+)*)", job.shellcmd)
+        if not entries:
+            raise DvcGenError(f"rule {job.rule}: no `-m mwm...` entry point in its shell command, so its code "
+                              f"dependencies are unknown:\n{job.shellcmd}")
+        for entry in entries:
+            found.update(imports(entry))
+    files = sorted((PACKAGE / f).as_posix() for f in found if "/" not in f)
+    pkgs = sorted({(PACKAGE / f.split("/")[0]).as_posix() for f in found if "/" in f})
+    return sorted({j.rulefile for j in jobs}) + files + pkgs
 
 
 # --- dvc.yaml -----------------------------------------------------------------------------
-
-
-def _raw_config(path: str) -> dict:
-    with open(path) as fh:
-        return yaml.safe_load(fh) or {}
 
 
 def stage_name(kind: str, config_name: str) -> str:
     return "".join("_" if c in _INVALID else c for c in f"{kind}-{config_name}")
 
 
+def pipeline_file(config_name: str, default: bool) -> Path:
+    """Where a config's pipeline lives: the root ``dvc.yaml`` for the default config."""
+    return Path(DVC_YAML) if default else PIPELINES / config_name / DVC_YAML
+
+
 def _is_checkpoint(path: str) -> bool:
     return any(fnmatch.fnmatch(Path(path).name, pat) for pat in CHECKPOINTS)
 
 
-def build(configs: list[str], jobs_of=snakemake_jobs) -> dict:
-    """The dvc.yaml content (a dict) for ``configs``, in order. An output already made by a
-    stage of an earlier config (two configs sharing a dataset) stays with that stage."""
+def build(configs: list[str], default: str = DEFAULT_CONFIG, jobs_of=snakemake_jobs) -> dict[Path, dict]:
+    """The content of each config's pipeline file (a dict per file), ``configs`` in order. An
+    output already made by an earlier config's stage (two configs sharing a dataset) stays
+    with that stage and is a dependency of the later one."""
     from .config import load_config
 
-    stages: dict[str, dict] = {}
+    files: dict[Path, dict] = {}
     owner: dict[str, str] = {}  # output -> stage name
-    metrics: list[str] = []
-    plots: list[dict] = []
     for cfg_path in configs:
         cfg_path = Path(os.path.normpath(cfg_path)).as_posix()
         cfg = load_config(cfg_path)
-        raw = _raw_config(cfg_path)
+        dest = pipeline_file(cfg["name"], cfg_path == os.path.normpath(default))
+        if dest in files:
+            raise DvcGenError(f"{cfg_path}: config name {cfg['name']!r} is used by another config")
+        back = os.path.relpath(".", dest.parent)  # from the pipeline's folder to the repository root
         push_ckpt = cfg["workflow"].get("dvc_push_checkpoints", True)
-        jobs = [j for j in jobs_of(cfg_path) if j.outputs]
         by_kind: dict[str, list[Job]] = {}
-        for job in jobs:
-            kind = Path(job.rulefile).stem if job.rulefile != SNAKEFILE else job.rule
-            by_kind.setdefault(kind, []).append(job)
+        for job in jobs_of(cfg_path):
+            if job.outputs and any(o not in owner for o in job.outputs):
+                by_kind.setdefault(Path(job.rulefile).stem if job.rulefile != SNAKEFILE else job.rule, []).append(job)
+        stages: dict[str, dict] = {}
         outs_here: list[str] = []
         for kind in _kind_order(by_kind):
-            # jobs whose outputs an earlier config's stage already tracks stay with that stage
-            kjobs = [j for j in by_kind[kind] if any(o not in owner for o in j.outputs)]
-            if not kjobs:
-                continue
+            if kind not in PARAMS:
+                raise DvcGenError(f"rule file {kind!r} has no entry in mwm.dvcgen.PARAMS (its config sections)")
+            kjobs = by_kind[kind]
             name = stage_name(kind, cfg["name"])
-            if name in stages:
-                raise DvcGenError(f"two configs give the stage name {name!r}: config names must differ")
             outs = sorted(o for j in kjobs for o in j.outputs if o not in owner)
-            own = set(outs)
             for o in outs:
                 owner[o] = name
             outs_here += outs
-            # inputs made by the config's other stages, by an earlier config's stage, or source files
-            inputs = {i for j in kjobs for i in j.inputs} - own
-            sections = []
-            for j in kjobs:
-                for s in [*j.params, *EXTRA_PARAMS.get(j.rule, ())]:
-                    if s in raw and s != "name" and s not in sections:
-                        sections.append(s)
-            deps = sorted(inputs) + code_deps(kjobs) + [
-                (SCHEMA / f"{s}.yaml").as_posix() for s in sections if (SCHEMA / f"{s}.yaml").is_file()]
+            sections = [s for s in PARAMS[kind] if s in cfg]
+            inputs = sorted({i for j in kjobs for i in j.inputs} - set(outs))
+            deps = inputs + code_deps(kind, kjobs) + [(SCHEMA / f"{s}.yaml").as_posix() for s in sections]
             rules = sorted({j.rule for j in kjobs})
-            targets = sorted({next(o for o in j.outputs if o in own) for j in kjobs})
-            cmd = (f"snakemake --cores all --configfile {cfg_path} --allowed-rules {' '.join(rules)} -- "
-                   + " ".join(shlex.quote(t) for t in targets))
-            stage = {"cmd": cmd, "deps": _unique(deps)}
+            targets = sorted({next(o for o in j.outputs if o in outs) for j in kjobs})
+            stage: dict = {"cmd": f"snakemake --cores all --configfile {cfg_path} --allowed-rules {' '.join(rules)} -- "
+                                  + " ".join(shlex.quote(t) for t in targets)}
+            if back != ".":
+                stage["wdir"] = back
+            stage["deps"] = list(dict.fromkeys(deps))
             if sections:
                 stage["params"] = [{cfg_path: sections}]
             stage["outs"] = [o if push_ckpt or not _is_checkpoint(o) else {o: {"push": False}} for o in outs]
             stages[name] = stage
+        content: dict = {"stages": stages}
         outs_here.sort()
-        metrics += [o for o in outs_here if Path(o).name in METRICS]
+        # top-level metrics and plots are relative to the dvc.yaml's folder, not to a stage's wdir
+        metrics = [os.path.join(back, o) if back != "." else o for o in outs_here if Path(o).name in METRICS]
+        plots = []
         for pid, fname, props in PLOTS:
-            files = [o for o in outs_here if Path(o).name == fname]
-            if files:
-                plot = dict(props)
-                y = plot.pop("y")
+            ys = {(os.path.join(back, o) if back != "." else o): props["y"] for o in outs_here if Path(o).name == fname}
+            if ys:
                 plots.append({f"{pid}-{cfg['name']}": {
-                    **{k: v for k, v in plot.items() if k != "template"},
-                    "title": f"{props['y_label']} ({cfg['name']})",
-                    "template": props["template"],
-                    "y": {f: y for f in files},
-                }})
-    out: dict = {"stages": stages}
-    if metrics:
-        out["metrics"] = metrics
-    if plots:
-        out["plots"] = plots
-    return out
+                    **{k: v for k, v in props.items() if k not in ("y", "template")},
+                    "title": f"{props['y_label']} ({cfg['name']})", "template": props["template"], "y": ys}})
+        if metrics:
+            content["metrics"] = metrics
+        if plots:
+            content["plots"] = plots
+        content["_config"] = cfg_path
+        files[dest] = content
+    return files
 
 
 def _kind_order(by_kind: dict[str, list[Job]]) -> list[str]:
@@ -316,14 +259,8 @@ def _kind_order(by_kind: dict[str, list[Job]]) -> list[str]:
     order: list[str] = []
     while len(order) < len(needs):
         ready = sorted(k for k in needs if k not in order and needs[k] <= set(order))
-        if not ready:  # a cycle between rule files: keep the rest by name
-            ready = sorted(k for k in needs if k not in order)
-        order.extend(ready)
+        order.extend(ready or sorted(k for k in needs if k not in order))
     return order
-
-
-def _unique(items):
-    return list(dict.fromkeys(items))
 
 
 class _Dumper(yaml.SafeDumper):
@@ -339,22 +276,60 @@ def _str(dumper, data):
 _Dumper.add_representer(str, _str)
 
 
-def render(content: dict, configs: list[str]) -> str:
-    args = " ".join(f"--config {c}" for c in configs)
+def render(dest: Path, content: dict) -> str:
+    content = dict(content)
+    config = content.pop("_config")
+    target = "" if dest == Path(DVC_YAML) else f" {dest.as_posix()}"
     body = yaml.dump(content, Dumper=_Dumper, sort_keys=False, width=100, default_flow_style=False)
-    return _HEADER.format(args=args) + body
+    return _HEADER.format(config=config, target=target) + body
 
 
-def configs_from_header(path: str = DVC_YAML) -> list[str]:
-    p = Path(path)
-    if not p.is_file():
-        return []
-    first = p.read_text().splitlines()[:1]
-    return re.findall(r"--config\s+(\S+)", first[0]) if first else []
+def all_configs(default: str = DEFAULT_CONFIG) -> list[str]:
+    """The default config first, then every other ``config/*.yaml`` by name."""
+    others = sorted(p.as_posix() for p in Path(default).parent.glob("*.yaml") if p.as_posix() != default)
+    return [default, *others]
 
 
-def generate(configs: list[str]) -> str:
-    return render(build(configs), configs)
+def generate(configs: list[str], default: str = DEFAULT_CONFIG) -> dict[Path, str]:
+    return {dest: render(dest, content) for dest, content in build(configs, default).items()}
+
+
+def generated_files() -> list[Path]:
+    """The pipeline files this generator wrote (by their header)."""
+    cands = [Path(DVC_YAML), *sorted(PIPELINES.glob(f"*/{DVC_YAML}"))]
+    return [p for p in cands if p.is_file() and p.read_text().startswith(_HEADER.splitlines()[0])]
+
+
+def check(texts: dict[Path, str]) -> int:
+    """0 when every file holds what would be written and no other generated file exists."""
+    stale = 0
+    for path in sorted(set(texts) | set(generated_files())):
+        old = path.read_text() if path.is_file() else ""
+        new = texts.get(path, "")
+        if old != new:
+            stale += 1
+            sys.stdout.writelines(difflib.unified_diff(old.splitlines(True), new.splitlines(True),
+                                                       f"{path} (committed)", f"{path} (generated)"))
+    if stale:
+        print(f"\n{stale} pipeline file(s) out of date: run  python -m mwm.dvcgen", file=sys.stderr)
+        return 1
+    print(f"up to date: {', '.join(p.as_posix() for p in sorted(texts))}")
+    return 0
+
+
+def write(texts: dict[Path, str]) -> None:
+    for path in generated_files():
+        if path not in texts:  # a config that no longer exists
+            path.unlink()
+            if path.parent != Path(".") and not any(path.parent.iterdir()):
+                path.parent.rmdir()
+            print(f"removed {path}")
+    for path, text in texts.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+        print(f"wrote {path}: {len(text.splitlines())} lines")
 
 
 # --- sync ---------------------------------------------------------------------------------
@@ -365,12 +340,13 @@ def _run(cmd: list[str]) -> int:
     return subprocess.call(cmd)
 
 
-def config_stages(configfile: str, path: str = DVC_YAML) -> dict[str, dict]:
-    """The stages of ``dvc.yaml`` that run Snakemake with ``--configfile configfile``."""
-    with open(path) as fh:
-        stages = (yaml.safe_load(fh) or {}).get("stages", {})
-    flag = f"--configfile {configfile} "
-    return {name: st for name, st in stages.items() if flag in st.get("cmd", "")}
+def config_pipeline(configfile: str) -> tuple[Path, dict[str, dict]] | None:
+    """(pipeline file, its stages) of the generated pipeline of ``configfile``."""
+    want = f"# Pipeline of {os.path.normpath(configfile)}:"
+    for path in generated_files():
+        if want in path.read_text().splitlines()[2]:
+            return path, (yaml.safe_load(path.read_text()) or {}).get("stages", {})
+    return None
 
 
 def _out_path(out) -> tuple[str, bool]:
@@ -382,19 +358,20 @@ def _out_path(out) -> tuple[str, bool]:
 
 
 def sync(configs: list[str], remote: str | None = None, pull: bool = True, cores: str = "1") -> int:
-    """``dvc pull`` the configs' stages, check their outputs are there, then
+    """``dvc pull`` the configs' pipelines, check their outputs are there, then
     ``snakemake --touch`` each config so that every output is newer than its inputs."""
     for cfg in configs:
-        stages = config_stages(cfg)
-        if not stages:
-            print(f"error: dvc.yaml has no stage for {cfg}; run  python -m mwm.dvcgen --config {cfg} ...",
+        found = config_pipeline(cfg)
+        if found is None:
+            print(f"error: no generated dvc.yaml holds the pipeline of {cfg}; run  python -m mwm.dvcgen",
                   file=sys.stderr)
             return 1
+        path, stages = found
         outs = [_out_path(o) for st in stages.values() for o in st.get("outs", [])]
         if pull:
             unpushed = not all(pushed for _, pushed in outs)
             cmd = ["dvc", "pull", *(["-r", remote] if remote else []),
-                   *(["--allow-missing"] if unpushed else []), *stages]
+                   *(["--allow-missing"] if unpushed else []), path.as_posix()]
             if _run(cmd) != 0:
                 return 1
         missing = [p for p, pushed in outs if pushed and not Path(p).exists()]
@@ -419,38 +396,31 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["sync"]:
         p = argparse.ArgumentParser(prog="python -m mwm.dvcgen sync",
-                                    description="dvc pull a config's stages, then snakemake --touch, so that "
+                                    description="dvc pull a config's pipeline, then snakemake --touch, so that "
                                                 "`snakemake all -n` has nothing to do")
-        p.add_argument("--config", action="append", help="config file (repeatable; default: config/config.yaml)")
+        p.add_argument("--config", action="append", help=f"config file (repeatable; default: {DEFAULT_CONFIG})")
         p.add_argument("--remote", "-r", default=None, help="DVC remote (default: the default remote)")
         p.add_argument("--no-pull", action="store_true", help="only touch (after your own `dvc pull`)")
         a = p.parse_args(argv[1:])
-        configs = a.config or ["config/config.yaml"]
-        return sync(configs, remote=a.remote, pull=not a.no_pull)
+        return sync(a.config or [DEFAULT_CONFIG], remote=a.remote, pull=not a.no_pull)
     p = argparse.ArgumentParser(prog="python -m mwm.dvcgen",
-                                description="write dvc.yaml from the Snakemake DAG (run from the repository root)")
+                                description="write dvc.yaml (the default config's pipeline) and pipelines/<name>/dvc.yaml "
+                                            "(every other config) from the Snakemake DAG; run from the repository root")
+    p.add_argument("--default", default=DEFAULT_CONFIG,
+                   help=f"the config whose pipeline is the root dvc.yaml (default: {DEFAULT_CONFIG})")
     p.add_argument("--config", action="append",
-                   help="config file (repeatable; default: the configs in the header of the existing dvc.yaml)")
-    p.add_argument("--check", action="store_true", help="exit 1 with a diff if dvc.yaml differs from what would be written")
-    p.add_argument("--output", default=DVC_YAML)
+                   help="config file (repeatable; default: the --default one and every other *.yaml beside it)")
+    p.add_argument("--check", action="store_true", help="exit 1 with a diff if a pipeline file differs from what would be written")
     a = p.parse_args(argv)
-    configs = a.config or configs_from_header(a.output) or ["config/config.yaml"]
     if not Path(SNAKEFILE).is_file():
         p.error("run from the repository root (no Snakefile here)")
-    text = generate(configs)
-    out = Path(a.output)
+    default = os.path.normpath(a.default)
+    if not Path(default).is_file():
+        p.error(f"--default {a.default}: no such config file")
+    texts = generate(a.config or all_configs(default), default)
     if a.check:
-        old = out.read_text() if out.is_file() else ""
-        if old != text:
-            sys.stdout.writelines(difflib.unified_diff(old.splitlines(True), text.splitlines(True),
-                                                       f"{out} (committed)", f"{out} (generated)"))
-            print(f"\n{out} is out of date: run  python -m mwm.dvcgen {' '.join('--config ' + c for c in configs)}",
-                  file=sys.stderr)
-            return 1
-        print(f"{out} is up to date ({', '.join(configs)})")
-        return 0
-    out.write_text(text)
-    print(f"wrote {out}: {len(text.splitlines())} lines ({', '.join(configs)})")
+        return check(texts)
+    write(texts)
     return 0
 
 

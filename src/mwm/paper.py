@@ -43,6 +43,8 @@ VERDICTS = ("reproduced", "not reproduced", TOO_FEW, NC, "contradicted by an aud
 ALPHA_FIT = {"prefactor": 0.003, "exponent": 0.67, "r2": 0.74, "min_n": 32}
 #: Section 4, Table 4: final validation losses.
 LOSSES = {"hetero": 3.3544, "stiefel": 3.3679, "none": 3.3855}
+#: Section 4: the length of every training run (steps).
+STEPS = 50000
 #: Section 4: steps where All DGram / Hetero-inv first spike.
 ONSETS = {"dgram": 16000, "hetero-inv": 20000}
 #: Section 5: the stated bound on the GELU derivative.

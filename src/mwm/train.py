@@ -395,8 +395,10 @@ class Run:
             if it % tc["log_interval"] == 0:
                 recent = self.step_times[-tc["log_interval"]:]
                 eta = (tc["max_iters"] - it - 1) * sum(recent) / len(recent)
-                self.log(f"step {it}/{tc['max_iters']} loss {total:.4f} {tokens / dt:,.0f} tok/s "
-                         f"opt {100 * opt_t / dt:.0f}% eta {eta / 60:.1f} min")
+                self.log(f"step {it}/{tc['max_iters']} loss {total:.4f} lr {lr:.2e} "
+                         f"{1000 * sum(recent) / len(recent):.1f} ms/step {tokens / dt:,.0f} tok/s "
+                         f"opt {100 * opt_t / dt:.0f}% eta "
+                         + (f"{eta / 3600:.1f} h" if eta >= 3600 else f"{eta / 60:.1f} min" if eta >= 60 else f"{eta:.0f} s"))
         return total
 
     def save_pairs(self, captured: dict):

@@ -12,6 +12,7 @@ from matplotlib.colors import LogNorm
 from matplotlib.patches import FancyBboxPatch
 from PIL import Image
 
+from .. import paper
 from ..assignments import NAMED_ASSIGNMENTS, resolve_assignment
 from ..io import atomic_write
 from ..manifolds import get_manifold
@@ -61,16 +62,24 @@ def _curve(rs: list[RunData], frame: str, col: str):
 
 
 # ----------------------------------------------------------------------------------- Figure 5
+
+
 def fig_val_loss(runs, out: Path, variants: list[str], stem: str, title: str) -> None:
-    fig, axes = plt.subplots(1, 2, figsize=(style.FULL, 2.4))
+    fig, axes = plt.subplots(1, 2, figsize=(style.FULL, 2.7))
     max_step = max(r.summary["max_iters"] for r in runs.values())
     zoom_from = int(0.2 * max_step)
+    paper_scale = max_step >= paper.STEPS
     stable_vals = []
     for v in variants:
         rs = seeds_of(runs, v)
         x, mean, lo, hi = _curve(rs, "eval", "val_loss")
         status, onsets = aggregate_status(rs)
         lab = style.label(v) + ("" if status == "Stable" else f" [{status}]")
+        if v in paper.LOSSES:
+            lab += f" (paper: {paper.LOSSES[v]:.4f})"
+            if paper_scale:  # the paper's final value, where it was measured
+                axes[1].plot(paper.STEPS, paper.LOSSES[v], "D", ms=3, color=style.color(v))
+                stable_vals.append(np.array([paper.LOSSES[v]]))
         for ax, part in ((axes[0], True), (axes[1], status == "Stable")):
             if not part:
                 continue
@@ -91,8 +100,10 @@ def fig_val_loss(runs, out: Path, variants: list[str], stem: str, title: str) ->
                 before = ev[(ev.index < onset) & np.isfinite(ev.values)]
                 if len(before):
                     axes[0].plot(onset, before.iloc[-1], "x", color=style.color(v), ms=6, mew=1.5)
-    axes[0].set(title=f"{title}: full trajectory (x: onset of instability)", xlabel="step", ylabel="val loss")
-    axes[1].set(title=f"stable runs from step {zoom_from}", xlabel="step")
+    fig.suptitle(title)
+    axes[0].set(title="full trajectory (x: onset of instability)", xlabel="step", ylabel="val loss (nats)")
+    axes[1].set(title=f"stable runs, steps >= {zoom_from}" + (" (diamonds: paper)" if paper_scale else ""),
+                xlabel="step", ylabel="val loss (nats)")
     if stable_vals:
         vals = np.concatenate([s for s in stable_vals if len(s)]) if any(len(s) for s in stable_vals) else []
         vals = np.asarray(vals)
@@ -100,7 +111,7 @@ def fig_val_loss(runs, out: Path, variants: list[str], stem: str, title: str) ->
         if len(vals):
             pad = 0.05 * (vals.max() - vals.min() + 1e-6)
             axes[1].set_ylim(vals.min() - pad, vals.max() + pad)
-    axes[0].legend(loc="upper right")
+    style.legend_below(fig, axes[0], ncol=3)
     style.save(fig, out, stem)
 
 
@@ -122,12 +133,12 @@ def growth_bound(train: dict, sigma0: float, steps: np.ndarray) -> np.ndarray:
 
 
 def fig_sigma(runs, out: Path, variants: list[str], train: dict) -> None:
-    fig, axes = plt.subplots(1, 2, figsize=(style.FULL, 2.4))
-    for v in variants:
+    fig, axes = plt.subplots(1, 2, figsize=(style.FULL, 2.7))
+    for v, lw in zip(variants, style.widths(len(variants))):
         rs = seeds_of(runs, v)
         for ax, module, mats in ((axes[0], "attn", ATTN_MATS), (axes[1], "mlp", MLP_MATS)):
             x, y = _sigma_series(rs, module, mats)
-            ax.plot(x, y, color=style.color(v), ls="--" if v == "none" else "-", label=style.label(v))
+            ax.plot(x, y, color=style.color(v), ls="--" if v == "none" else "-", lw=lw, label=style.label(v))
     # the bound concerns DGram attention: start it from their largest initial sigma_max
     sp = pd.concat([r.spectral for r in runs.values()])
     first = sp[(sp.module == "attn") & sp.matrix.isin(ATTN_MATS) & (sp.step == sp.step.min())]
@@ -138,8 +149,8 @@ def fig_sigma(runs, out: Path, variants: list[str], train: dict) -> None:
                  label=r"bound $\sigma_0 + \sum_s \eta_s$")
     axes[0].set(yscale="log", title=r"attention $\sigma_{\max}$ (max over c_attn, c_proj)", xlabel="step",
                 ylabel=r"$\sigma_{\max}$")
-    axes[1].set(title=r"MLP $\sigma_{\max}$ (max over c_fc, c_proj)", xlabel="step")
-    axes[0].legend(loc="upper left")
+    axes[1].set(title=r"MLP $\sigma_{\max}$ (max over c_fc, c_proj)", xlabel="step", ylabel=r"$\sigma_{\max}$")
+    style.legend_below(fig, axes[0])
     style.save(fig, out, "fig6_sigma_max")
 
 
@@ -155,7 +166,7 @@ def fig_sigma_layers(runs, out: Path, variants: list[str]) -> None:
     for ax, v, m in zip(axes[0], variants, mats):
         im = ax.imshow(m.values, aspect="auto", origin="lower", norm=LogNorm(vmin, vmax), cmap="viridis",
                        extent=[m.columns.min(), m.columns.max(), -0.5, m.shape[0] - 0.5])
-        ax.set(title=style.label(v), xlabel="step")
+        ax.set(title=style.label(v), xlabel="step", yticks=range(m.shape[0]))
     axes[0][0].set_ylabel("layer")
     fig.colorbar(im, ax=axes[0].tolist(), label=r"attention $\sigma_{\max}$", shrink=0.9)
     style.save(fig, out, "fig6_sigma_max_layers")
@@ -184,7 +195,7 @@ def fig_spectrum(runs, out: Path) -> list[Path]:
     for ax, step in zip(axes[0], shown):
         for v, r in picks.items():
             ax.plot(load_spectrum(r, step, SPECTRUM_KEY), color=style.color(v), label=style.label(v))
-        ax.set(title=f"step {step}", yscale="log", xlabel="index")
+        ax.set(title=f"step {step}", yscale="log", xlabel="index (descending)")
     axes[0][0].set_ylabel("singular value (layer 0 c_attn)")
     axes[0][0].legend()
     paths = style.save(fig, out, "fig7_spectrum")
@@ -212,33 +223,38 @@ def fig_spectrum(runs, out: Path) -> list[Path]:
 ATT_METRICS = (("logit_range_max", r"max logit range $\Delta z$", "max"),
                ("entropy_mean", "attention entropy (nats)", "mean"),
                ("jac_fro_mean", r"softmax Jacobian $\|J\|_F$", "mean"))
+ATT_SHORT = {"logit_range_max": r"logit range $\Delta z$ (max)", "entropy_mean": "entropy (nats, mean)",
+             "jac_fro_mean": r"$\|J\|_F$ (mean)"}
 
 
 def fig_attention(runs, out: Path, variants: list[str]) -> None:
-    fig, axes = plt.subplots(1, 3, figsize=(style.FULL, 2.2))
-    for v in variants:
+    fig, axes = plt.subplots(1, 3, figsize=(style.FULL, 2.5))
+    for v, lw in zip(variants, style.widths(len(variants))):
         rs = seeds_of(runs, v)
         for ax, (col, lab, how) in zip(axes, ATT_METRICS):
             per = [getattr(r.attention.groupby("step")[col], how)() for r in rs]
             y = pd.concat(per, axis=1).mean(axis=1)
-            ax.plot(y.index, y.values, color=style.color(v), ls=style.linestyle(v), label=style.label(v))
+            ax.plot(y.index, y.values, color=style.color(v), ls=style.linestyle(v), lw=lw, label=style.label(v))
             ax.set(title=lab, xlabel="step", ylabel=f"{how} over layers and heads")
     axes[0].set_yscale("log")
-    axes[0].legend()
+    style.legend_below(fig, axes[0])
     style.save(fig, out, "fig_attention_saturation")
     n_layers = int(max(r.attention.layer.max() for r in runs.values())) + 1
-    fig, axes = plt.subplots(3, n_layers, figsize=(style.FULL, 4.2), squeeze=False, sharex=True)
-    for v in variants:
+    fig, axes = plt.subplots(3, n_layers, figsize=(style.FULL, 4.6), squeeze=False, sharex=True)
+    for v, lw in zip(variants, style.widths(len(variants))):
         att = pd.concat([r.attention for r in seeds_of(runs, v)])
         for i, (col, lab, how) in enumerate(ATT_METRICS):
             g = att.groupby(["layer", "step"])[col]
             g = g.max() if how == "max" else g.mean()
             for layer in range(n_layers):
                 y = g.loc[layer]
-                axes[i][layer].plot(y.index, y.values, color=style.color(v), label=style.label(v))
-                axes[i][layer].set_title(f"layer {layer}: {col}")
-        axes[0][0].set_yscale("log")
-    axes[0][0].legend()
+                axes[i][layer].plot(y.index, y.values, color=style.color(v), ls=style.linestyle(v), lw=lw,
+                                    label=style.label(v))
+                axes[i][layer].set_title(f"layer {layer}: {ATT_SHORT[col]}")
+    for layer in range(n_layers):
+        axes[0][layer].set_yscale("log")
+        axes[-1][layer].set_xlabel("step")
+    style.legend_below(fig, axes[0][0])
     style.save(fig, out, "fig_attention_layers")
 
 

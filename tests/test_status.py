@@ -1,0 +1,136 @@
+"""python -m mwm.status: one table of every run of a config, from the run folders only."""
+
+from __future__ import annotations
+
+import json
+import re
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mwm import status
+from mwm.config import load_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def cfg(tmp_path):
+    raw = yaml.safe_load((REPO / "config" / "ci.yaml").read_text())
+    raw["grid"].update(assignments=["none", "stiefel", "dgram", "hetero"], seeds=[0, 1], retraction_ablation=False)
+    path = tmp_path / "st.yaml"
+    raw["name"] = "st"
+    path.write_text(yaml.safe_dump(raw))
+    return load_config(str(path)), path
+
+
+def _csv(path: Path, header: str, rows: list[str], partial: str = "") -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(header + "\n" + "".join(r + "\n" for r in rows) + partial)
+
+
+def _metrics(folder: Path, steps: int, step_time: float, partial: str = "") -> None:
+    head = "step,train_loss,lr,muon_lr,step_time,tokens_per_s,optimizer_time,optimizer_share"
+    _csv(folder / "metrics.csv", head, [f"{s},5.0,0.001,0.01,{step_time},100,0.01,0.2" for s in range(steps)], partial)
+
+
+def _summary(folder: Path, **kw) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "summary.json").write_text(json.dumps({"steps_done": 30, "max_iters": 30, **kw}))
+
+
+def test_every_run_of_the_grid_with_its_state(cfg, tmp_path):
+    cfg, _ = cfg
+    res = tmp_path / "results"
+    runs = res / "runs" / "st"
+    _summary(runs / "none" / "seed0", status="completed", final_val_loss=4.25, mean_step_time=0.05)
+    _summary(runs / "dgram" / "seed0", status="unstable", onset_step=20, final_val_loss=7.5, mean_step_time=0.1)
+    _summary(runs / "dgram" / "seed1", status="failed", steps_done=3, error="boom")
+    # running: 12 of 30 steps logged, an unterminated last line (being written) is ignored
+    _metrics(runs / "stiefel" / "seed0", 12, 0.02, partial="12,5.0,0.00")
+    _csv(runs / "stiefel" / "seed0" / "eval.csv", "step,train_loss,val_loss", ["0,6.0,6.1", "10,5.0,5.25"])
+    # preempted, waiting for its retry: run folder gone, the checkpoint's copy of the logs remains
+    _metrics(res / "checkpoints" / "st" / "hetero" / "seed1" / "logs", 20, 0.04)
+    now = max(p.stat().st_mtime for p in res.rglob("*.csv")) + 90
+
+    got = {(r.variant, r.seed): r for r in status.collect(cfg, res, now)}
+    assert len(got) == 8  # 4 assignments x 2 seeds, whatever exists on disk
+    assert got["none", 0].status == "completed" and got["none", 0].val_loss == 4.25
+    assert got["none", 0].ms_per_step == pytest.approx(50) and got["none", 0].eta_s is None
+    assert got["dgram", 0].status == "unstable" and got["dgram", 0].onset == 20
+    assert got["dgram", 1].status == "failed" and got["dgram", 1].step == 3
+    run = got["stiefel", 0]
+    assert run.status == "running" and run.step == 12 and run.val_loss == 5.25
+    assert run.ms_per_step == pytest.approx(20) and run.eta_s == pytest.approx(18 * 0.02)
+    assert run.updated == pytest.approx(90, abs=1)
+    assert got["hetero", 1].status == "pending" and got["hetero", 1].step == 20  # resumes there
+    assert got["hetero", 0].status == "pending" and got["hetero", 0].step is None
+
+    table = status.format_table(list(got.values()))
+    lines = table.splitlines()
+    assert lines[0].split() == ["variant", "seed", "status", "step", "val", "loss", "ms/step", "ETA", "onset",
+                                "updated"]
+    row = next(ln for ln in lines if ln.startswith("stiefel") and " running " in ln).split()
+    assert row[3] == "12/30" and row[4] == "5.2500" and row[5] == "20.0" and row[6] == "0s"
+    assert "unstable" in table and " 20 " in next(ln for ln in lines if "unstable" in ln)
+
+
+def test_tail_reads_only_the_end_of_a_long_log(tmp_path):
+    p = tmp_path / "metrics.csv"
+    _metrics(tmp_path, 20000, 0.5, partial="20000,5.0")
+    rows = status._tail_rows(p, max_bytes=4096)
+    assert 0 < len(rows) < 200 and rows[-1]["step"] == "19999"
+    assert all(set(r) == set(rows[0]) and None not in r.values() for r in rows)
+
+
+def test_cli_prints_runs_studies_and_report(cfg, tmp_path, capsys, monkeypatch):
+    cfg, path = cfg
+    res = tmp_path / "results"
+    (res / "studies" / "st").mkdir(parents=True)
+    (res / "studies" / "st" / "audits.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    assert status.main(["--config", str(path), "--results", str(res), "--figures", str(tmp_path / "pf")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("config st") and "8 pending" in out
+    prods = {ln.split()[1]: ln.split()[2] for ln in out.splitlines() if ln.startswith("study ")}
+    assert prods == {"alpha": "pending", "absorption": "pending", "audits": "completed"}
+    assert "report" in out
+
+
+def test_bad_config_is_an_error_naming_it(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\ntrain: {max_iters: -3}\n")
+    assert status.main(["--config", str(bad)]) == 2
+    assert "bad.yaml" in capsys.readouterr().err
+
+
+def test_reads_a_run_being_written_without_locking(cfg, tmp_path):
+    """Log files are only opened for reading (the cluster's jobs keep appending)."""
+    cfg, _ = cfg
+    folder = tmp_path / "results" / "runs" / "st" / "none" / "seed0"
+    _metrics(folder, 5, 0.01)
+    os.chmod(folder / "metrics.csv", 0o444)
+    got = status.collect(cfg, tmp_path / "results")
+    assert got[0].status == "running" and got[0].step == 5
+
+
+def test_a_real_run_logs_progress_and_reads_completed(tmp_path, monkeypatch, capsys, one_thread):
+    """The training log shows step, loss, lr, ms/step and ETA every log_interval steps, and the
+    status table reads the finished run folder."""
+    import fakedata
+    from mwm.train import train
+
+    path = fakedata.write_config(tmp_path / "tiny.yaml", train__max_iters=8, train__log_interval=4)
+    cfg = load_config(str(path))
+    monkeypatch.setattr("mwm.train.resolve_data", lambda c: fakedata.FakeData())
+    assert train(cfg, "stiefel", 0, out_root=tmp_path / "results") == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if " step " in ln and "/8 " in ln]
+    assert [ln.split()[3] for ln in lines] == ["0/8", "4/8"]
+    for ln in lines:
+        assert re.search(r"loss \d+\.\d{4} lr \d\.\d\de-\d\d \d+\.\d ms/step .* eta \d+(\.\d)? (s|min|h)$", ln), ln
+    got = {r.variant: r for r in status.collect(cfg, tmp_path / "results")}
+    assert got["stiefel"].status == "completed" and got["stiefel"].step == 8
+    assert got["stiefel"].val_loss is not None and got["stiefel"].ms_per_step > 0
+    assert got["none"].status == "pending"
