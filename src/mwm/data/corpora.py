@@ -236,6 +236,9 @@ class Source:
         """Published counts the prepared bins must show (see ``data.expect``), or None."""
         return None
 
+    def close(self) -> None:
+        """Called by ``prepare`` before its work folder goes: let go of what lives there."""
+
     def info(self) -> dict:
         raise NotImplementedError
 
@@ -776,6 +779,9 @@ class OpenWebTextArchives(Source):
         for start in range(0, len(order), HF_UNIT_ROWS):
             yield StoreUnit(split, str(self.folder), len(self.archives),
                             order[start:start + HF_UNIT_ROWS].tolist())
+
+    def close(self) -> None:
+        _STORE.clear()
 
     def reference_counts(self) -> dict:
         # nanoGPT's figures come from the 2022 script (sorted order); the hub script may

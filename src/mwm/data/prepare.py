@@ -280,6 +280,7 @@ def prepare(section: dict | None = None, out: str | Path | None = None, *, force
         os.replace(tmp / "meta.json", out / "meta.json")
         ok = True
     finally:
+        src.close()
         shutil.rmtree(tmp, ignore_errors=True)
         if created and not ok:
             try:
