@@ -278,8 +278,7 @@ def run(args) -> list[dict]:
     if args.device.startswith("cuda"):
         if not torch.cuda.is_available():
             raise SystemExit("no CUDA device: run with --device cpu (and a tiny model) to test the script")
-        torch.backends.cuda.matmul.allow_tf32 = True  # as the released train.py
-        torch.backends.cudnn.allow_tf32 = True
+        # no TF32 switch here: mwm.train does not set one, and this measures its step as it is
     t0 = time.perf_counter()
     results = []
     with tempfile.TemporaryDirectory(prefix="bench_gpu-") as tmp:
