@@ -226,7 +226,9 @@ def main(argv=None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     os.chdir(work)  # dataset_dir and results are relative to the working folder
     if args.one:
-        print("RESULT " + json.dumps(run_one(args, args.one, work / "results")), flush=True)
+        result = json.dumps(run_one(args, args.one, work / "results"))
+        (work / f"bench_fullsize-{args.one}.json").write_text(result + "\n")  # kept if the parent is stopped
+        print("RESULT " + result, flush=True)
         return 0
     if args.data == "prepared":  # once, before the children
         _data(args, make_config(args))
