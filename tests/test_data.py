@@ -161,7 +161,8 @@ def test_openwebtext_path_offline(tmp_path):
     texts = [" ".join(rng.choice(words, size=int(rng.integers(0, 200)))) for _ in range(300)]
     texts[5] = ""
     datasets.Dataset.from_dict({"text": texts, "id": list(range(300))}).save_to_disk(str(tmp_path / "ds"))
-    sec = {"corpus": "openwebtext", "hf_dataset": str(tmp_path / "ds"), "val_fraction": 0.02}
+    sec = {"corpus": "openwebtext", "hf_layout": "datasets", "hf_dataset": str(tmp_path / "ds"),
+           "val_fraction": 0.02, "expect": {}}
     out = prepare(sec, tmp_path / "out", num_proc=2, **QUIET)
     ds = TokenDataset(out)
     # what nanoGPT's openwebtext/prepare.py computes

@@ -21,6 +21,8 @@ _FLAGS = [  # (flag, data key, argparse kwargs)
     ("--encoding-errors", "encoding_errors", dict(choices=["strict", "replace", "ignore"],
                                                   help="corpus text: non-UTF-8 bytes (default strict: stop)")),
     ("--hf-dataset", "hf_dataset", dict(metavar="NAME_OR_DIR")),
+    ("--hf-layout", "hf_layout", dict(choices=["archives", "datasets"])),
+    ("--archive-order", "archive_order", dict(choices=["script", "sorted"])),
     ("--hf-revision", "hf_revision", dict()),
     ("--hf-split", "hf_split", dict()),
     ("--hf-text-field", "hf_text_field", dict()),

@@ -18,7 +18,7 @@ import numpy as np
 from . import corpora
 from .tokenizer import EOT, get_encoding
 
-__all__ = ["encode_unit", "encode_units", "DTYPE"]
+__all__ = ["encode_unit", "encode_units", "map_ordered", "DTYPE"]
 
 DTYPE = np.dtype("<u2")  # uint16, little-endian, as nanoGPT's np.memmap(dtype=np.uint16) reads it
 
@@ -75,3 +75,13 @@ def encode_units(units: Iterable, num_proc: int, state: dict | None = None,
                 break
             yield pending.popleft().get()
 
+
+
+def map_ordered(fn, jobs: list, num_proc: int) -> Iterator:
+    """``fn(job)`` for each job (picklable), ``num_proc`` processes, results in job order."""
+    if num_proc <= 1 or len(jobs) <= 1:
+        yield from map(fn, jobs)
+        return
+    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+    with mp.get_context(method).Pool(min(num_proc, len(jobs))) as pool:
+        yield from pool.imap(fn, jobs)

@@ -113,6 +113,45 @@ def _count_eot(path: Path, eot: int) -> int:
     return n
 
 
+def _expected(sec: dict, src: Source) -> dict:
+    """The counts to check: ``data.expect``, or the source's published ones when null."""
+    exp = sec.get("expect")
+    return dict(src.reference_counts() or {}) if exp is None else dict(exp)
+
+
+def _check_documents(expected: dict, src: Source) -> None:
+    want = expected.get("documents")
+    if want is not None and src.n_docs != want:
+        raise DataError(f"corpus {src.name} has {src.n_docs:,} documents, expected exactly {want:,} "
+                        f"(data.expect; null means the corpus's published count): a partial or different "
+                        f"copy of the corpus. Nothing was written")
+
+
+def _check_tokens(expected: dict, splits: dict, src: Source) -> dict | None:
+    """Compare token counts with ``expected``; raise on a mismatch; the record for meta.json."""
+    if not expected:
+        return None
+    got = {name: splits[name]["tokens"] for name in SPLITS}
+    report = {**expected, "got": {"documents": src.n_docs, "train_tokens": got["train"],
+                                  "val_tokens": got["val"]}}
+    bad = []
+    tr, va = expected.get("train_tokens"), expected.get("val_tokens")
+    if tr is not None and va is not None:
+        tol, total = expected.get("tolerance", 0.0), got["train"] + got["val"]
+        if abs(total - (tr + va)) > tol * (tr + va):
+            bad.append(f"train + val tokens {total:,}, expected {tr + va:,} within {tol:.2%}")
+    elif tr is not None and abs(got["train"] - tr) > expected.get("tolerance", 0.0) * tr:
+        bad.append(f"train tokens {got['train']:,}, expected {tr:,} within {expected.get('tolerance', 0.0):.2%}")
+    if va is not None:
+        vtol = expected.get("val_tolerance", 0.0)
+        if abs(got["val"] - va) > vtol * va:
+            bad.append(f"val tokens {got['val']:,}, expected {va:,} within {vtol:.2%}")
+    if bad:
+        raise DataError(f"corpus {src.name}: " + "; ".join(bad) + " (data.expect; null means the corpus's "
+                        f"published counts): the tokens are not the expected corpus. Nothing was written")
+    return report
+
+
 def prepare(section: dict | None = None, out: str | Path | None = None, *, force: bool = False,
             num_proc: int | None = None, source: Source | None = None, unit_chars: int = UNIT_CHARS,
             log: Callable[[str], None] | None = _stderr) -> Path:
@@ -141,13 +180,16 @@ def prepare(section: dict | None = None, out: str | Path | None = None, *, force
     check_out_dir(out, identity, force)
 
     src = source if source is not None else make_source(sec)
-    log(f"{src.name}: {src.n_docs} documents -> {out} ({nproc} worker{'s' * (nproc > 1)})")
     t0 = time.perf_counter()
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".prepare-", dir=out))
     ok = False
     try:
+        src.materialize(tmp, nproc, log)
+        expected = _expected(sec, src)
+        _check_documents(expected, src)
+        log(f"{src.name}: {src.n_docs} documents -> {out} ({nproc} worker{'s' * (nproc > 1)})")
         plan = src.plan(sec["split"], sec["val_fraction"], sec["seed"], unit_chars)
         names = [name for name, _ in plan]
         tokens = dict.fromkeys(names, 0)
@@ -184,6 +226,7 @@ def prepare(section: dict | None = None, out: str | Path | None = None, *, force
                 raise DataError(f"split {name} came out empty (corpus {src.name}, {src.n_docs} documents)")
             splits[name] = {"file": f"{name}.bin", "tokens": n, "bytes": n * DTYPE.itemsize,
                             "documents": docs[name]}
+        checked = _check_tokens(expected, splits, src)
 
         remap = None
         if k is None:
@@ -222,6 +265,7 @@ def prepare(section: dict | None = None, out: str | Path | None = None, *, force
             "split": {"method": sec["split"], "val_fraction": sec["val_fraction"], "seed": sec["seed"]},
             "splits": splits,
             "corpus": src.info(),
+            "expected": checked,
             "data": shaping,
             "data_hash": config_hash(shaping),
             "producer": f"mwm {__version__} (python -m mwm.data prepare)",
@@ -236,6 +280,7 @@ def prepare(section: dict | None = None, out: str | Path | None = None, *, force
         os.replace(tmp / "meta.json", out / "meta.json")
         ok = True
     finally:
+        src.close()
         shutil.rmtree(tmp, ignore_errors=True)
         if created and not ok:
             try:

@@ -24,7 +24,7 @@ _COMMON = ("corpus", "tokenizer", "vocab_size", "split", "val_fraction", "seed")
 _PER_CORPUS = {
     "shakespeare": (),
     "text": ("paths", "encoding_errors"),
-    "openwebtext": ("hf_dataset", "hf_revision", "hf_split", "hf_text_field"),
+    "openwebtext": ("hf_dataset", "hf_layout", "archive_order", "hf_revision", "hf_split", "hf_text_field"),
 }
 
 
