@@ -6,12 +6,9 @@ config), for each assignment: ``--warmup`` untimed steps, then up to ``--steps``
 timed ones; printed: ms per step, its ratio to ``none`` (measured in the same run)
 beside the paper's H100 figures (Stiefel 5.8x, hetero 8.3x, DGram 13.6x), the
 optimizer's share of the step, peak memory, and the agreement of one Manifold Muon
-update computed with msign in bfloat16 (the released code's precision) against the
-same update in float32, on the weights and momentum captured at the last step and
-at the peak Muon learning rate (on CPU, where bfloat16 msign is refused, float64
-against float32 instead). The float32 update is the package's (its evaluation order,
-``auto``); the low-precision one runs msign on the matrix itself (``direct``), as the
-released code does.
+update computed with msign in bfloat16 (the released code's precision,
+``precision="bfloat16"``: native on a GPU, emulated on CPU) against the float32 control,
+on the weights and momentum captured at the last step and at the peak Muon learning rate.
 
 The model and batch come from ``--config`` (default config/paper.yaml: GPT-2 small,
 block 1024, vocab 50304, batch 64); ``--layers/--embd/--heads/--block/--vocab/--batch``
@@ -76,63 +73,36 @@ def _sync(device):
 
 
 def agreement(captured: dict, cfg: dict, lr: float, device) -> dict:
-    """One update per captured (W, U): msign at low precision against float32.
+    """One update per captured (W, U): the released bfloat16 msign against the float32 control.
 
-    Low is bfloat16 on a GPU, float64 on CPU (bfloat16 msign is GPU-only there). The
-    package's own dual ascent and retraction run in float32 both times; only msign's
-    work dtype changes. Returns the worst and median relative Frobenius difference
+    Both go through the package's own ``msign`` / ``manifold_muon_update`` with
+    ``precision="bfloat16"`` (native bf16 on a GPU, the float32 emulation on CPU) and
+    ``precision="float32"``. Returns the worst and median relative Frobenius difference
     of the weight change, over the matrices.
     """
-    import torch
-
-    import mwm.dual_ascent as da
     from mwm.dual_ascent import manifold_muon_update
     from mwm.msign import msign
 
     tc = cfg["train"]
-    low = torch.bfloat16 if device.type == "cuda" else torch.float64
     diffs = {}
     for name, (manifold, W, U) in sorted(captured.items()):
         W, U = W.float().to(device), U.float().to(device)
         out = {}
-        for dtype in (torch.float32, low):
-            with _msign_dtype(da, msign, dtype):
-                # float32: the package's own evaluation order (auto); low: msign on the matrix
-                # itself (direct), as the released code computes it
-                method = "auto" if dtype == torch.float32 else "direct"
-                if manifold == "none":
-                    new = W - lr * da.msign(U, steps=tc["msign_steps"], method=method)
-                else:
-                    new = manifold_muon_update(W, U, manifold, lr, alpha=tc["dual_ascent_alpha"],
-                                               steps=tc["dual_ascent_steps"], msign_steps=tc["msign_steps"],
-                                               dgram_retraction=tc["dgram_retraction"], method=method)
-            out[dtype] = (new.float() - W)
-        ref = out[torch.float32]
-        diffs[name] = float((out[low] - ref).norm() / ref.norm().clamp_min(1e-30))
+        for prec in ("float32", "bfloat16"):
+            if manifold == "none":
+                new = W - lr * msign(U, steps=tc["msign_steps"], precision=prec)
+            else:
+                new = manifold_muon_update(W, U, manifold, lr, alpha=tc["dual_ascent_alpha"],
+                                           steps=tc["dual_ascent_steps"], msign_steps=tc["msign_steps"],
+                                           dgram_retraction=tc["dgram_retraction"], precision=prec)
+            out[prec] = new.float() - W
+        ref = out["float32"]
+        diffs[name] = float((out["bfloat16"] - ref).norm() / ref.norm().clamp_min(1e-30))
     vals = sorted(diffs.values())
     worst = max(diffs, key=diffs.get) if diffs else None
-    return {"low": str(low).replace("torch.", ""), "matrices": len(vals),
+    return {"low": "bfloat16", "matrices": len(vals),
             "max_rel_diff": vals[-1] if vals else math.nan, "median_rel_diff": statistics.median(vals) if vals else math.nan,
             "worst": worst}
-
-
-class _msign_dtype:
-    """Within the block, the dual ascent's msign works in ``dtype`` (msign's own ``dtype`` argument)."""
-
-    def __init__(self, module, msign, dtype):
-        self.module, self.msign, self.dtype = module, msign, dtype
-
-    def __enter__(self):
-        msign, dtype = self.msign, self.dtype
-
-        def at_dtype(*a, **kw):
-            kw["dtype"] = dtype
-            return msign(*a, **kw).to(a[0].dtype)  # back to the dual ascent's float32
-
-        self.module.msign = at_dtype
-
-    def __exit__(self, *exc):
-        self.module.msign = self.msign
 
 
 def bench_assignment(args, assignment: str, budget_s: float, out: Path) -> dict:

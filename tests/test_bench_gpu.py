@@ -30,8 +30,10 @@ def test_bench_gpu_runs_on_cpu_tiny(tmp_path, capsys):
         assert r["timed_steps"] == 3 and r["ms_per_step"] > 0 and 0 < r["opt_share"] < 1
         assert r["params"] == results["none"]["params"] and r["tokens_per_step"] == 64
         ag = r["agreement"]
-        assert ag["low"] == "float64" and ag["matrices"] == 8  # 4 Muon matrices per layer
-        assert math.isfinite(ag["max_rel_diff"]) and 0 <= ag["median_rel_diff"] <= ag["max_rel_diff"]
+        assert ag["low"] == "bfloat16" and ag["matrices"] == 8  # 4 Muon matrices per layer
+        # bf16 rounding moves the update (how far is the measurement: square matrices on a
+        # manifold are ill-conditioned at this tiny size, so no bound is asserted here)
+        assert 0 < ag["median_rel_diff"] <= ag["max_rel_diff"] and math.isfinite(ag["max_rel_diff"])
     for name, paper in (("stiefel", "5.8x"), ("hetero", "8.3x"), ("dgram", "13.6x")):
         line = next(ln for ln in text.splitlines() if ln.startswith(name + " "))
         assert paper in line and f"{results[name]['ms_per_step'] / results['none']['ms_per_step']:.2f}x" in line
