@@ -188,12 +188,15 @@ def build_optimizers(
     dgram_retraction: str = "paper",
     msign_steps: int = 10,
     init_on_manifold: bool = True,
+    **solver_opts,
 ) -> Optimizers:
     """Split ``model``'s parameters as the paper does and build both optimizers.
 
     AdamW: 2-D non-hidden weights with ``weight_decay``, the rest without.
     Muon: one group per manifold; plain Muon gets ``weight_decay``, the
     constrained groups get none (it would push them off the manifold).
+    ``solver_opts``: the inner-solver settings of :class:`ManifoldMuon` (``solver``,
+    ``solver_tol``, ``warm_start``, ``rho``).
     """
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     plan = resolve_assignment(named, assignment)
@@ -220,5 +223,6 @@ def build_optimizers(
         muon = ManifoldMuon(
             groups, lr=muon_lr, momentum=momentum, alpha=alpha, dual_steps=dual_steps,
             dgram_retraction=dgram_retraction, msign_steps=msign_steps, init_on_manifold=init_on_manifold,
+            **solver_opts,
         )
     return Optimizers(muon=muon, adamw=adamw, assignment=plan)
