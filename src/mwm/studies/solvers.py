@@ -96,7 +96,7 @@ def capture_sequences(cfg: dict, sec: dict, out: Path, log=print) -> list[Path]:
         rc = train(c, assignment, sec["seed"], out_root=out)
         d = run_dir(out, c["name"], assignment, sec["seed"])
         if rc != 0:
-            raise RuntimeError(f"the capture training of {assignment} exited with {rc} (see {d})")
+            raise ValueError(f"the capture training of {assignment} exited with {rc} (see its log above and {d})")
         log(f"solvers: captured {sec['capture_length']} steps of {assignment} under {d}")
         dirs.append(d)
     return dirs
