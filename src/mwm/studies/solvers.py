@@ -46,7 +46,7 @@ from ..solvers import msign_per_iteration, solve
 from .absorption import _rel, load_pairs
 from .common import main_for, resolve_device, run_meta, write_csv, write_json
 
-__all__ = ["candidates", "capture_sequences", "load_sequence", "measure_sequence", "run_solvers", "main"]
+__all__ = ["candidates", "parse_candidate", "capture_sequences", "load_sequence", "measure_sequence", "run_solvers", "main"]
 
 COLUMNS = ["candidate", "solver", "warm", "steps", "tol", "rho", "manifold", "step", "matrices", "e_W", "e_A",
            "e_W_max", "iterations", "msign_eq", "wall_s"]
@@ -77,6 +77,29 @@ def candidates(sec: dict) -> list[dict]:
             seen.add(c["name"])
             unique.append(c)
     return unique
+
+
+def parse_candidate(name: str) -> dict:
+    """A candidate from its name (``da-warm-T5``, ``admm-cold-T3-rho1``, ``da-warm-T20-tol0.001``)."""
+    parts = name.split("-")
+    try:
+        if parts[0] not in ("da", "admm") or parts[1] not in ("warm", "cold") or not parts[2].startswith("T"):
+            raise ValueError
+        c = dict(name=name, solver="dual_ascent" if parts[0] == "da" else "admm", warm=parts[1] == "warm",
+                 steps=int(parts[2][1:]), tol=None, rho=None)
+        for extra in parts[3:]:
+            if extra.startswith("tol"):
+                c["tol"] = float(extra[3:])
+            elif extra.startswith("rho"):
+                c["rho"] = float(extra[3:])
+            else:
+                raise ValueError
+    except (ValueError, IndexError):
+        raise ValueError(f"bad solver candidate name {name!r}; expected e.g. da-warm-T5, admm-cold-T3-rho1, "
+                         "da-warm-T20-tol0.001") from None
+    if c["solver"] == "admm" and c["rho"] is None:
+        c["rho"] = 1.0
+    return c
 
 
 def capture_sequences(cfg: dict, sec: dict, out: Path, log=print) -> list[Path]:
