@@ -7,6 +7,7 @@ rule report:
         ALPHA_FILES,
         ABSORPTION_FILES,
         AUDIT_FILES,
+        SOLVER_FILES,
     output:
         directory(f"paper_figures/{NAME}"),
     params:
