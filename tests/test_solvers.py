@@ -188,7 +188,7 @@ def test_capture_sequence_and_solver_study(tmp_path, monkeypatch):
 
     cfg_path = fakedata.write_config(tmp_path / "tiny.yaml", train__warmup_iters=1)
     cfg = load_config(cfg_path, ["studies.solvers.capture_start=2", "studies.solvers.capture_length=3",
-                                 "studies.solvers.reference_iterations=30", "studies.solvers.baseline_steps=30",
+                                 "studies.solvers.reference_iterations=30", "studies.solvers.baseline_steps=30", "studies.solvers.converged_iterations=10",
                                  "studies.solvers.dual_ascent_steps=[5]", "studies.solvers.warm_steps=[3]",
                                  "studies.solvers.tols=[0.001]", "studies.solvers.admm_steps=[3]",
                                  "studies.solvers.admm_rho=[1.0]", "studies.device=cpu"])
@@ -206,3 +206,14 @@ def test_capture_sequence_and_solver_study(tmp_path, monkeypatch):
         assert float(by["da-cold-T5", man]["msign_ratio"]) == pytest.approx(5 / 30)
         assert float(by["admm-cold-T3-rho1", man]["msign_eq"]) == 6.0
         assert derived["by_manifold"][man]["baseline_msign_eq"] == 30.0
+    # the report draws the Pareto figure and the table from these files
+    import json
+
+    import pandas as pd
+    from mwm.report.studies import fig_solvers
+
+    st = {"solvers_summary.csv": pd.read_csv(tmp_path / "study" / "solvers_summary.csv"),
+          "solvers_derived.json": json.loads((tmp_path / "study" / "solvers_derived.json").read_text())}
+    fig_solvers(st, tmp_path / "pf")
+    assert (tmp_path / "pf" / "fig_solvers_pareto.png").stat().st_size > 1000
+    assert len(pd.read_csv(tmp_path / "pf" / "table_solvers.csv")) == 2

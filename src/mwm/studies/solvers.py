@@ -15,13 +15,22 @@ run's Muon learning rate at that step:
 ``e_W``  ``||retract(W - eta A) - retract(W - eta A_ref)||_F / ||retract(W - eta A_ref)||_F``
 ``e_A``  ``||A - A_ref||_F / ||A_ref||_F``
 
+A second reference, ``e_W_conv`` / ``e_A_conv``, is a long ADMM run
+(``converged_iterations``); the derived JSON gives both references' final
+``||P(W^T A + A^T W)||_RMS``. On training momentum (``||G||_RMS ~ 1e-3``) the cold
+dual ascent at alpha 0.1 is far from converged after 200 iterations (its step
+``alpha H`` is absolute while the multiplier scales with ``G``), so the issue's
+reference measures closeness to the paper's own trajectory, the converged one
+closeness to the solution of the inner problem.
+
 Cost: ``msign_eq``, the msign calls of the batched solve (iterations of the batch
 times 1 for dual ascent, 2 for ADMM) charged to each of its matrices, and the
 wall time of the solves, measured in the same loop as the paper's baseline (cold,
 ``baseline_steps`` = 20 iterations).
 
 Outputs under ``--out``: ``solvers.csv`` (``candidate, solver, warm, steps, tol, rho,
-manifold, step, matrices, e_W, e_A, e_W_max, iterations, msign_eq, wall_s``; one row
+manifold, step, matrices, e_W, e_A, e_W_max, iterations, msign_eq, wall_s, e_W_conv,
+e_A_conv``; one row
 per candidate, manifold and captured step, means over the step's matrices),
 ``solvers_summary.csv`` (means over steps, with the cost ratios to the baseline) and
 ``solvers_derived.json`` (the baseline's e_W and cost per manifold, the cheapest
@@ -49,7 +58,7 @@ from .common import main_for, resolve_device, run_meta, write_csv, write_json
 __all__ = ["candidates", "parse_candidate", "capture_sequences", "load_sequence", "measure_sequence", "run_solvers", "main"]
 
 COLUMNS = ["candidate", "solver", "warm", "steps", "tol", "rho", "manifold", "step", "matrices", "e_W", "e_A",
-           "e_W_max", "iterations", "msign_eq", "wall_s"]
+           "e_W_max", "iterations", "msign_eq", "wall_s", "e_W_conv", "e_A_conv"]
 
 
 def candidates(sec: dict) -> list[dict]:
@@ -61,7 +70,6 @@ def candidates(sec: dict) -> list[dict]:
         out.append(dict(solver="dual_ascent", warm=True, steps=T, tol=None, rho=None))
     for tol in sec["tols"]:
         out.append(dict(solver="dual_ascent", warm=True, steps=sec["baseline_steps"], tol=tol, rho=None))
-        out.append(dict(solver="dual_ascent", warm=False, steps=sec["baseline_steps"], tol=tol, rho=None))
     for rho in sec["admm_rho"]:
         for T in sec["admm_steps"]:
             out.append(dict(solver="admm", warm=False, steps=T, tol=None, rho=rho))
@@ -104,10 +112,13 @@ def parse_candidate(name: str) -> dict:
 
 def capture_sequences(cfg: dict, sec: dict, out: Path, log=print) -> list[Path]:
     """Run the short trainings that capture the sequences; returns their run folders."""
-    from ..train import train
+    import signal
+
     from ..runs import run_dir
+    from ..train import train
 
     dirs = []
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1)}
     for assignment in sec["assignments"]:
         c = copy.deepcopy(cfg)
         stop = sec["capture_start"] + sec["capture_length"]
@@ -116,7 +127,11 @@ def capture_sequences(cfg: dict, sec: dict, out: Path, log=print) -> list[Path]:
                           capture_pairs_step=None,
                           capture_sequence={"start": sec["capture_start"], "length": sec["capture_length"]})
         c["grid"]["assignments"] = [assignment]
-        rc = train(c, assignment, sec["seed"], out_root=out)
+        try:
+            rc = train(c, assignment, sec["seed"], out_root=out)
+        finally:  # train() installs its checkpoint-on-signal handlers; the study must stay killable
+            for sig, handler in saved.items():
+                signal.signal(sig, handler)
         d = run_dir(out, c["name"], assignment, sec["seed"])
         if rc != 0:
             raise ValueError(f"the capture training of {assignment} exited with {rc} (see its log above and {d})")
@@ -156,18 +171,27 @@ def _banks(pairs: list[dict]) -> dict[tuple, list[dict]]:
 
 @torch.no_grad()
 def measure_sequence(seq: list[dict], cands: list[dict], sec: dict, retraction: str, device: torch.device,
-                     log=print) -> list[tuple]:
-    """Rows of ``solvers.csv`` for one captured sequence."""
+                     log=print, reference_violations: list | None = None) -> list[tuple]:
+    """Rows of ``solvers.csv`` for one captured sequence; appends ``(manifold, final
+    ||H||_RMS of the dual-ascent reference, of the converged ADMM reference)`` per bank
+    and step to ``reference_violations``."""
     rows = []
     warm: dict[tuple, torch.Tensor] = {}
+    ref_viol = reference_violations if reference_violations is not None else []
     for k, entry in enumerate(seq):
         eta = entry["eta"]
         for (man, m, n), bank in _banks(entry["pairs"]).items():
             mf = get_manifold(man, retraction)
             W = torch.stack([p["W"] if p["W"].shape[0] >= p["W"].shape[1] else p["W"].mT for p in bank]).to(device)
             G = torch.stack([p["G"] if p["G"].shape[0] >= p["G"].shape[1] else p["G"].mT for p in bank]).to(device)
-            ref = solve(W, G, mf, "dual_ascent", alpha=sec["alpha"], steps=sec["reference_iterations"]).A
+            ref_run = solve(W, G, mf, "dual_ascent", alpha=sec["alpha"], steps=sec["reference_iterations"],
+                            record_violations=True)
+            ref = ref_run.A
             W_ref = mf.retract(W - eta * ref)
+            conv_run = solve(W, G, mf, "admm", rho=1.0, steps=sec["converged_iterations"], record_violations=True)
+            conv = conv_run.A
+            W_conv = mf.retract(W - eta * conv)
+            ref_viol.append((man, float(ref_run.violations[-1].max()), float(conv_run.violations[-1].max())))
             key_bank = (man, m, n, tuple(p["name"] for p in bank))
             for c in cands:
                 L0 = warm.get((c["name"], key_bank)) if c["warm"] else None
@@ -181,10 +205,14 @@ def measure_sequence(seq: list[dict], cands: list[dict], sec: dict, retraction: 
                 wall = time.perf_counter() - t0
                 if c["warm"]:
                     warm[(c["name"], key_bank)] = res.Lambda
-                e_W = _rel(mf.retract(W - eta * res.A) - W_ref, W_ref).cpu()
+                W_new = mf.retract(W - eta * res.A)
+                e_W = _rel(W_new - W_ref, W_ref).cpu()
                 e_A = _rel(res.A - ref, ref).cpu()
+                e_W_conv = _rel(W_new - W_conv, W_conv).cpu()
+                e_A_conv = _rel(res.A - conv, conv).cpu()
                 rows.append([c["name"], c["solver"], c["warm"], c["steps"], c["tol"], c["rho"], man, entry["step"],
-                             len(bank), e_W, e_A, res.iterations * msign_per_iteration(c["solver"]), wall])
+                             len(bank), e_W, e_A, res.iterations * msign_per_iteration(c["solver"]), wall,
+                             e_W_conv, e_A_conv])
         if k % 10 == 0:
             log(f"solvers: step {entry['step']} ({k + 1}/{len(seq)})")
     # one row per candidate, manifold and step: means over the step's banks (weighted by matrices)
@@ -192,13 +220,15 @@ def measure_sequence(seq: list[dict], cands: list[dict], sec: dict, retraction: 
     for r in rows:
         key = (r[0], r[6], r[7])
         if key not in merged:
-            merged[key] = r[:8] + [0, [], [], [], 0.0]
+            merged[key] = r[:8] + [0, [], [], [], 0.0, [], []]
         acc = merged[key]
         acc[8] += r[8]
         acc[9].append(r[9])
         acc[10].append(r[10])
         acc[11].extend([r[11]] * r[8])
         acc[12] += r[12]
+        acc[13].append(r[13])
+        acc[14].append(r[14])
     out = []
     for acc in merged.values():
         e_W = torch.cat(acc[9]).double()
@@ -206,7 +236,8 @@ def measure_sequence(seq: list[dict], cands: list[dict], sec: dict, retraction: 
         msign_eq = float(np.mean(acc[11]))
         its = msign_eq / msign_per_iteration(acc[1])
         out.append(tuple(acc[:8]) + (acc[8], float(e_W.mean()), float(e_A.mean()), float(e_W.max()), its, msign_eq,
-                                      acc[12]))
+                                      acc[12], float(torch.cat(acc[13]).double().mean()),
+                                      float(torch.cat(acc[14]).double().mean())))
     return out
 
 
@@ -218,12 +249,13 @@ def summarise(rows: list[tuple], baseline: str) -> tuple[list[tuple], dict]:
         groups.setdefault((r[0], r[6]), []).append(r)
     stats = {}
     for (cand, man), rs in groups.items():
-        a = np.asarray([r[9:15] for r in rs], dtype=np.float64)  # e_W, e_A, e_W_max, its, msign_eq, wall
+        a = np.asarray([r[9:17] for r in rs], dtype=np.float64)  # e_W, e_A, e_W_max, its, msign_eq, wall, conv x2
         worst_step = float(np.max([r[9] for r in rs]))
         stats[cand, man] = dict(row=rs[0], steps=len(rs), e_W=float(a[:, 0].mean()), e_A=float(a[:, 1].mean()),
                                 e_W_max=float(a[:, 2].max()), e_W_worst_step=worst_step,
                                 iterations=float(a[:, 3].mean()), msign_eq=float(a[:, 4].mean()),
-                                wall_s=float(a[:, 5].mean()))
+                                wall_s=float(a[:, 5].mean()), e_W_conv=float(a[:, 6].mean()),
+                                e_A_conv=float(a[:, 7].mean()))
     summary, derived = [], {"baseline": baseline, "by_manifold": {}}
     for man in sorted({m for _, m in stats}):
         base = stats.get((baseline, man))
@@ -239,7 +271,7 @@ def summarise(rows: list[tuple], baseline: str) -> tuple[list[tuple], dict]:
             r = s["row"]
             summary.append((cand, r[1], r[2], r[3], r[4], r[5], man, s["steps"], s["e_W"], s["e_A"], s["e_W_max"],
                             s["e_W_worst_step"], s["iterations"], s["msign_eq"], s["wall_s"], s["msign_ratio"],
-                            s["wall_ratio"], s["matches"]))
+                            s["wall_ratio"], s["matches"], s["e_W_conv"], s["e_A_conv"]))
             if s["matches"] and cand != baseline:
                 matching.append((s["msign_eq"], s["wall_s"], cand))
         best = min(matching) if matching else None
@@ -247,12 +279,13 @@ def summarise(rows: list[tuple], baseline: str) -> tuple[list[tuple], dict]:
                        and c != baseline), default=None)
         entry = {"baseline_e_W": base["e_W"], "baseline_e_W_worst_step": base["e_W_worst_step"],
                  "baseline_e_A": base["e_A"], "baseline_msign_eq": base["msign_eq"],
-                 "baseline_wall_s": base["wall_s"], "cheapest_matching": None, "fastest_matching": None}
+                 "baseline_wall_s": base["wall_s"], "baseline_e_W_conv": base["e_W_conv"],
+                 "baseline_e_A_conv": base["e_A_conv"], "cheapest_matching": None, "fastest_matching": None}
         if best is not None:
             s = stats[best[2], man]
             entry["cheapest_matching"] = {"candidate": best[2], "e_W": s["e_W"], "e_W_worst_step": s["e_W_worst_step"],
                                           "msign_eq": s["msign_eq"], "msign_ratio": s["msign_ratio"],
-                                          "wall_ratio": s["wall_ratio"],
+                                          "wall_ratio": s["wall_ratio"], "e_W_conv": s["e_W_conv"],
                                           "half_cost_met": s["msign_ratio"] <= 0.5}
         if fastest is not None:
             s = stats[fastest[1], man]
@@ -263,9 +296,23 @@ def summarise(rows: list[tuple], baseline: str) -> tuple[list[tuple], dict]:
     return summary, derived
 
 
+def reference_violation_summary(viol: list[tuple], sec: dict) -> dict:
+    """How converged the two references are: final ``||H||_RMS`` (median and max over
+    banks and steps) of the cold dual ascent and of the long ADMM run, per manifold."""
+    out = {}
+    for man in sorted({v[0] for v in viol}):
+        da = np.asarray([v[1] for v in viol if v[0] == man])
+        ad = np.asarray([v[2] for v in viol if v[0] == man])
+        out[man] = {f"dual_ascent_{sec['reference_iterations']}_median": float(np.median(da)),
+                    f"dual_ascent_{sec['reference_iterations']}_max": float(da.max()),
+                    f"admm_{sec['converged_iterations']}_median": float(np.median(ad)),
+                    f"admm_{sec['converged_iterations']}_max": float(ad.max())}
+    return out
+
+
 SUMMARY_COLUMNS = ["candidate", "solver", "warm", "steps", "tol", "rho", "manifold", "captured_steps", "e_W", "e_A",
                    "e_W_max", "e_W_worst_step", "iterations", "msign_eq", "wall_s", "msign_ratio", "wall_ratio",
-                   "matches_baseline"]
+                   "matches_baseline", "e_W_conv", "e_A_conv"]
 
 
 def run_solvers(cfg: dict, out: str | Path, config_path: str | None = None, sequence: list[str] | None = None,
@@ -281,13 +328,14 @@ def run_solvers(cfg: dict, out: str | Path, config_path: str | None = None, sequ
     cands = candidates(sec)
     runs = [Path(s) for s in sequence] if sequence else capture_sequences(cfg, sec, out / "_train", log)
     retraction = cfg["train"]["dgram_retraction"]
-    rows = []
+    rows, viol = [], []
     for run in runs:
         seq = load_sequence(run)
         log(f"solvers: {run}: {len(seq)} steps, {len(cands)} candidates")
-        rows.extend(measure_sequence(seq, cands, sec, retraction, device, log))
+        rows.extend(measure_sequence(seq, cands, sec, retraction, device, log, viol))
     write_csv(out / "solvers.csv", COLUMNS, rows)
     summary, derived = summarise(rows, cands[0]["name"])
+    derived["reference_violation"] = reference_violation_summary(viol, sec)
     write_csv(out / "solvers_summary.csv", SUMMARY_COLUMNS, summary)
     derived["runs"] = [str(r) for r in runs]
     derived["captured_steps"] = {str(r): len(load_sequence(r)) for r in runs}
