@@ -46,7 +46,7 @@ def part_sequences(args, cfg):
         cfg, sec, Path(args.work) / "_train", log=lambda *a: None)
     rows = []
     for run in runs:
-        seq = load_sequence(run)
+        seq = load_sequence(run)[: args.max_steps]
         print(f"  {run}: {len(seq)} consecutive steps ({seq[0]['step']}..{seq[-1]['step']})")
         rows.extend(measure_sequence(seq, cands, sec, cfg["train"]["dgram_retraction"], torch.device("cpu"),
                                      log=lambda *a: None))
@@ -151,6 +151,7 @@ def main():
     ap.add_argument("--config", default="config/config.yaml")
     ap.add_argument("--sequence", nargs="+", default=None, help="run folders with sequence/ (else capture now)")
     ap.add_argument("--work", default="results/bench_solver", help="folder for capture trainings")
+    ap.add_argument("--max-steps", type=int, default=None, help="use the first N captured steps of each run")
     ap.add_argument("--candidates", default=None,
                     help="comma-separated candidate names (default: the config's studies.solvers grid)")
     ap.add_argument("--fast", default=None,

@@ -330,7 +330,7 @@ def run_solvers(cfg: dict, out: str | Path, config_path: str | None = None, sequ
     retraction = cfg["train"]["dgram_retraction"]
     rows, viol = [], []
     for run in runs:
-        seq = load_sequence(run)
+        seq = load_sequence(run)[: sec["capture_length"]]  # an existing capture may be longer
         log(f"solvers: {run}: {len(seq)} steps, {len(cands)} candidates")
         rows.extend(measure_sequence(seq, cands, sec, retraction, device, log, viol))
     write_csv(out / "solvers.csv", COLUMNS, rows)
@@ -338,7 +338,7 @@ def run_solvers(cfg: dict, out: str | Path, config_path: str | None = None, sequ
     derived["reference_violation"] = reference_violation_summary(viol, sec)
     write_csv(out / "solvers_summary.csv", SUMMARY_COLUMNS, summary)
     derived["runs"] = [str(r) for r in runs]
-    derived["captured_steps"] = {str(r): len(load_sequence(r)) for r in runs}
+    derived["captured_steps"] = {str(r): min(len(load_sequence(r)), sec["capture_length"]) for r in runs}
     derived["meta"] = run_meta(sec, device, time.perf_counter() - t0, config_path)
     write_json(out / "solvers_derived.json", derived)
     return derived
