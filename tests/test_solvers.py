@@ -132,19 +132,20 @@ def test_warm_start_changes_the_update_and_cold_default_stores_nothing():
     assert rel(ww.detach(), w.detach()) < 0.05  # the same problem, solved from another start
 
 
-def test_hetero_shares_one_bank_and_matches_separate_optimizers():
-    model, opts = _tiny_opts()
-    for p in model.parameters():
-        p.grad = None
+PER_LAYER = {"transformer.h.0.mlp.*": "stiefel", "transformer.h.1.mlp.*": "dgram"}
+
+
+def test_equal_shapes_of_both_manifolds_share_one_bank_and_match_separate_optimizers():
+    torch.manual_seed(0)
+    model = Tiny()
+    opts = build_optimizers(model, PER_LAYER, dual_steps=4)
     loss_of(model).backward()
-    banks = opts.muon._plan()
-    assert len(banks) == 1 and {g["manifold"] for g, _ in banks[0]} == {"stiefel", "dgram"}
+    banks = [b for b in opts.muon._plan() if b[0][0]["manifold"] != "none"]
+    assert len(banks) == 1 and sorted(g["manifold"] for g, _ in banks[0]) == ["dgram"] * 2 + ["stiefel"] * 2
     torch.manual_seed(0)
     ref = Tiny()
-    ref_opts = build_optimizers(ref, "hetero", dual_steps=4)
-    groups = ref_opts.muon.param_groups
-    ref_opts.muon = None
-    separate = [ManifoldMuon([dict(g)], init_on_manifold=False) for g in groups]
+    ref_opts = build_optimizers(ref, PER_LAYER, dual_steps=4)
+    separate = [ManifoldMuon([dict(g)], init_on_manifold=False) for g in ref_opts.muon.param_groups]
     for s in range(2):
         for m in (model, ref):
             for p in m.parameters():
@@ -158,14 +159,25 @@ def test_hetero_shares_one_bank_and_matches_separate_optimizers():
         assert torch.allclose(a, b, atol=2e-5), n
 
 
+def test_hetero_keeps_banks_of_different_heights_apart():
+    model, opts = _tiny_opts()
+    loss_of(model).backward()
+    banks = opts.muon._plan()
+    assert sorted(len(b) for b in banks) == [4, 4]
+    assert all(len({g["manifold"] for g, _ in b}) == 1 for b in banks)
+
+
 def test_work_split_is_balanced_and_contiguous():
     owners = _split_by_work([1.0] * 8, 2)
     assert owners == [0] * 4 + [1] * 4
     owners = _split_by_work([4.0, 1.0, 1.0, 1.0, 1.0], 2)
     assert owners == [0, 1, 1, 1, 1]
     assert _split_by_work([1.0, 2.0], 1) == [0, 0]
-    model, opts = _tiny_opts()
+    torch.manual_seed(0)
+    model = Tiny()
+    opts = build_optimizers(model, "stiefel", dual_steps=4)
     loss_of(model).backward()
+    assert len(opts.muon._plan()) == 1  # one padded bank of 8 matrices: split in two
     opts.muon.shard(1, 2)
     pieces = opts.muon._pieces(opts.muon._plan())
     assert [o for o, _ in pieces] == [0, 1] and [len(e) for _, e in pieces] == [4, 4]
