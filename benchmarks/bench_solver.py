@@ -126,7 +126,7 @@ def part_gpt2(args, solvers):
 
     gen = torch.Generator().manual_seed(3)
     res = {}
-    plan = [("none", solvers[0])] + [(a, s) for a in ("stiefel", "dgram", "hetero") for s in solvers]
+    plan = [("none", solvers[0])] + [(a, s) for a in args.gpt2_assignments.split(",") for s in solvers]
     for assignment, solver in plan:
         opt, params, grads = opt_for(assignment, solver)
         samples = []
@@ -157,6 +157,7 @@ def main():
     ap.add_argument("--fast", default=None,
                     help="the fast solver for parts 2-3 (default: the cheapest matching one of part 1, per Stiefel)")
     ap.add_argument("--layers", type=int, default=1, help="GPT-2 small blocks in part 3")
+    ap.add_argument("--gpt2-assignments", default="stiefel,dgram,hetero", help="assignments timed in part 3")
     ap.add_argument("--gpt2-warm", type=int, default=2)
     ap.add_argument("--gpt2-steps", type=int, default=1)
     ap.add_argument("--layers-mini", type=int, default=4)
