@@ -185,9 +185,14 @@ def fig_solvers(st: dict, out: Path) -> None:
         for i, ((solver, warm, has_tol), (label, marker)) in enumerate(_FAMILIES.items()):
             sel = d[(d.solver == solver) & (d.warm.astype(str).str.lower() == str(warm).lower())
                     & (d.tol.notna() == has_tol)]
-            if len(sel):
-                sel = sel.sort_values("msign_eq")
-                ax.plot(sel.msign_eq, sel.e_W, marker=marker, ms=3.5, lw=0.6, color=f"C{i}", label=label)
+            rhos = sorted(sel.rho.dropna().unique()) or [None]
+            for j, rho in enumerate(rhos):  # one curve per ADMM penalty
+                part = sel if rho is None else sel[sel.rho == rho]
+                if len(part):
+                    part = part.sort_values("msign_eq")
+                    ax.plot(part.msign_eq, part.e_W, marker=marker, ms=3.5, lw=0.6, color=f"C{i}",
+                            ls=("-", "--", ":", "-.")[j % 4],
+                            label=label if rho is None else f"{label}, rho {rho:g}")
         pts = d.sort_values(["msign_eq", "e_W"])
         front, best = [], np.inf
         for c, e in zip(pts.msign_eq, pts.e_W):
