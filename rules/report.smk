@@ -9,6 +9,7 @@ rule report:
         ALPHA_FILES,
         ABSORPTION_FILES,
         AUDIT_FILES,
+        SOLVER_FILES,
     output:
         report(
             directory(f"paper_figures/{NAME}"),

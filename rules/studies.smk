@@ -7,6 +7,7 @@
 
 ALPHA_FILES = [f"{STUDIES}/alpha_{f}" for f in ("derived.json", "summary.csv", "final.csv", "trajectories.csv")]
 ABSORPTION_FILES = [f"{STUDIES}/absorption_{f}" for f in ("derived.json", "summary.csv")] + [f"{STUDIES}/absorption.csv"]
+SOLVER_FILES = [f"{STUDIES}/solvers{f}" for f in (".csv", "_summary.csv", "_derived.json")]
 AUDIT_FILES = [f"{STUDIES}/{f}" for f in ("audits.json", "softmax_jacobian.csv", "logit_bound.csv", "growth_bound.csv", "tangent_dims.csv")]
 
 
@@ -70,3 +71,26 @@ rule study_audits:
     shell:
         "python -m mwm.studies.audits --config {params.config} --out {params.out} {params.spectral} "
         "studies.threads={threads} > {log} 2>&1"
+
+
+# Inner solvers against the paper's dual ascent on (W, momentum) sequences that the
+# study captures itself with a short training of the config's model (train.capture_sequence).
+rule study_solvers:
+    input:
+        DATA_FILES,
+    output:
+        SOLVER_FILES,
+    params:
+        config=CONFIG_FILE,
+        out=lambda wildcards, output: os.path.dirname(output[0]),
+        studies=CFG["studies"]["solvers"],
+    log:
+        f"{LOGS}/studies/solvers.log",
+    threads: threads("study")
+    resources:
+        **res("study"),
+    conda:
+        "../envs/mwm.yaml"
+    shell:
+        "python -m mwm.studies.solvers --config {params.config} --out {params.out} studies.threads={threads} "
+        "> {log} 2>&1"

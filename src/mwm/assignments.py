@@ -211,12 +211,15 @@ def build_optimizers(
     msign_steps: int = 10,
     init_on_manifold: bool = True,
     msign_precision: str = "float32",
+    **solver_opts,
 ) -> Optimizers:
     """Split ``model``'s parameters as the paper does and build both optimizers.
 
     AdamW: 2-D non-hidden weights with ``weight_decay``, the rest without.
     Muon: one group per manifold; plain Muon gets ``weight_decay``, the
     constrained groups get none (it would push them off the manifold).
+    ``solver_opts``: the inner-solver settings of :class:`ManifoldMuon` (``solver``,
+    ``solver_tol``, ``warm_start``, ``rho``).
     """
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     plan = resolve_assignment(named, assignment)
@@ -244,5 +247,6 @@ def build_optimizers(
             groups, lr=muon_lr, momentum=momentum, alpha=alpha, dual_steps=dual_steps,
             dgram_retraction=dgram_retraction, msign_steps=msign_steps, init_on_manifold=init_on_manifold,
             msign_precision=msign_precision,
+            **solver_opts,
         )
     return Optimizers(muon=muon, adamw=adamw, assignment=plan, _named=named)

@@ -48,7 +48,7 @@ from .manifolds import Manifold, get_manifold, rms, to_tall
 from .msign import (DEFAULT_STEPS, GRAM_RESTART, check_precision, choose_order, frobenius_scale, msign,
                     polar_express_gram)
 
-__all__ = ["DualAscentResult", "dual_ascent", "manifold_muon_update", "choose_method"]
+__all__ = ["DualAscentResult", "MixedProjector", "dual_ascent", "manifold_muon_update", "choose_method"]
 
 METHODS = ("auto", "direct", "gram")
 
@@ -59,13 +59,19 @@ class DualAscentResult:
 
     ``A``: the final update direction. ``violations``: ``(steps, *batch)`` tensor
     of ``||H_t||_RMS`` when requested. ``snapshots``: ``{T: A_T}``, the direction
-    after ``T`` iterations of the same run. ``iterations``: iterations done.
+    after ``T`` iterations of the same run. ``iterations``: iterations done (the
+    batch's; with ``tol`` a matrix may stop earlier, see ``stopped``).
+    ``Lambda``: the final multiplier ``P(sym Lambda)`` in the tall orientation
+    (``(*batch, n, n)``), the warm start of the next step. ``stopped``: with ``tol``,
+    the iteration at which each matrix met it (``steps`` where it never did).
     """
 
     A: torch.Tensor
     violations: torch.Tensor | None = None
     snapshots: dict[int, torch.Tensor] = field(default_factory=dict)
     iterations: int = 0
+    Lambda: torch.Tensor | None = None
+    stopped: torch.Tensor | None = None
 
 
 def choose_method(m: int, n: int, msign_steps: int = DEFAULT_STEPS) -> str:
@@ -76,8 +82,40 @@ def choose_method(m: int, n: int, msign_steps: int = DEFAULT_STEPS) -> str:
     return choose_order(m, n)
 
 
-def _as_manifold(manifold: Manifold | str) -> Manifold:
-    return manifold if isinstance(manifold, Manifold) else get_manifold(manifold)
+class MixedProjector:
+    """The projectors of a batch whose matrices lie on different manifolds (Stiefel:
+    identity, DGram: off-diagonal part), applied in one pass with a per-matrix mask:
+    one batched solve for a bank of equal shapes whatever each matrix's manifold."""
+
+    def __init__(self, names: Iterable[str]):
+        names = list(names)
+        bad = sorted(set(names) - {"stiefel", "dgram"})
+        if bad:
+            raise ValueError(f"a mixed bank takes stiefel and dgram matrices only, got {bad}")
+        self.names = names
+        self._keep = torch.tensor([0.0 if n == "dgram" else 1.0 for n in names])
+
+    def project_(self, S: torch.Tensor) -> torch.Tensor:
+        if S.ndim != 3 or S.shape[0] != len(self.names):
+            raise ValueError(f"mixed projector for {len(self.names)} matrices got shape {tuple(S.shape)}")
+        S.diagonal(dim1=-2, dim2=-1).mul_(self._keep.to(device=S.device, dtype=S.dtype)[:, None])
+        return S
+
+    def project(self, S: torch.Tensor) -> torch.Tensor:
+        return self.project_(S.clone())
+
+
+def _as_manifold(manifold) -> Manifold | MixedProjector:
+    """A :class:`Manifold`, its name, or a sequence of per-matrix names (one batched
+    solve over Stiefel and DGram matrices, see :class:`MixedProjector`)."""
+    if isinstance(manifold, (Manifold, MixedProjector)):
+        return manifold
+    if isinstance(manifold, str):
+        return get_manifold(manifold)
+    names = list(manifold)
+    if len(set(names)) == 1:
+        return get_manifold(names[0])
+    return MixedProjector(names)
 
 
 def _alpha_factor(alpha, W: torch.Tensor):
@@ -128,16 +166,27 @@ def dual_ascent(
     method: str = "auto",
     msign_steps: int = DEFAULT_STEPS,
     precision: str = "float32",
+    Lambda0: torch.Tensor | None = None,
 ) -> DualAscentResult:
     """Run dual ascent on ``W``, ``G`` of shape ``(..., m, n)`` (tall or wide).
+
+    ``manifold``: a :class:`~mwm.manifolds.Manifold`, its name, or one name per
+    matrix of a batch (Stiefel and DGram mixed in one solve).
 
     ``alpha`` is a float, or a tensor of shape ``(*batch,)`` (broadcastable to the
     batch) giving each matrix its own step size; the decayed step
     ``alpha (1 - t/steps)`` is formed in float64 and rounded to the work dtype, so
     a tensor entry gives the same step as the equal float.
 
-    ``tol`` stops once every matrix of the batch has ``||H||_RMS < tol`` (the
-    direction of that iteration is returned, as the released code does).
+    ``tol``: a matrix stops at the first iteration with ``||H||_RMS < tol`` (the
+    direction of that iteration is returned, as the released code does, and its
+    multiplier is frozen); the loop ends once every matrix has stopped. Each
+    matrix's result is thus independent of the batch it is solved in.
+
+    ``Lambda0``: warm start, a multiplier ``(*batch, n, n)`` in the tall orientation
+    (e.g. the previous step's :attr:`DualAscentResult.Lambda`); it is projected onto
+    the current constraint, ``P(sym Lambda0)``, and replaces the cold start
+    ``-1/4 P(W^T G + G^T W)``.
     """
     _check_inputs(W, G)
     if steps < 1:
@@ -164,7 +213,14 @@ def dual_ascent(
     WtG = Wt.mT @ Gt
     # Lambda_0 and every H are symmetric and fixed by P, hence so is Lambda: the loop
     # uses it as S = P(sym Lambda) directly (the same numbers, bit for bit).
-    Lam = mf.project_(WtG + WtG.mT).mul_(-0.25)
+    if Lambda0 is None:
+        Lam = mf.project_(WtG + WtG.mT).mul_(-0.25)
+    else:
+        if Lambda0.shape != WtG.shape:
+            raise ValueError(f"Lambda0 of shape {tuple(Lambda0.shape)} does not match the multiplier shape "
+                             f"{tuple(WtG.shape)}")
+        L0 = Lambda0.to(WtG.dtype)
+        Lam = mf.project_((L0 + L0.mT).mul_(0.5))
     if method == "gram":
         GtG = Gt.mT @ Gt
         WtW = Wt.mT @ Wt
@@ -173,6 +229,10 @@ def dual_ascent(
     out_snaps: dict[int, torch.Tensor] = {}
     A = None
     it = 0
+    done = A_stop = stopped = None
+    if tol is not None:
+        done = torch.zeros(WtG.shape[:-2], dtype=torch.bool, device=WtG.device)
+        stopped = torch.full(WtG.shape[:-2], steps, dtype=torch.long, device=WtG.device)
     for t in range(steps):
         S = Lam
         if method == "direct":
@@ -201,14 +261,27 @@ def dual_ascent(
                 history.append(viol)
         if it in snaps:
             out_snaps[it] = A if A is not None else _gram_direction(Mx, Q)
-        if tol is not None and bool((viol < tol).all()):
-            break
+        if tol is not None:
+            newly = (viol < tol) & ~done
+            if bool(newly.any()):
+                A_now = A if A is not None else out_snaps.get(it)
+                if A_now is None:
+                    A_now = _gram_direction(Mx, Q)
+                A_stop = A_now.clone() if A_stop is None else torch.where(newly[..., None, None], A_now, A_stop)
+                stopped = torch.where(newly, it, stopped)
+                done = done | newly
+                if bool(done.all()):
+                    break
         step_size = alpha_f * (1.0 - t / steps)
         if isinstance(step_size, torch.Tensor):
             step_size = step_size.to(H.dtype)
+        if done is not None and bool(done.any()):
+            H = H * (~done)[..., None, None].to(H.dtype)  # stopped matrices keep their multiplier
         Lam = Lam - step_size * H
     if A is None:
         A = out_snaps[it] if it in out_snaps else _gram_direction(Mx, Q)
+    if A_stop is not None:
+        A = torch.where(done[..., None, None], A_stop, A)
 
     def orient(T):
         return T.mT if transposed else T
@@ -218,6 +291,8 @@ def dual_ascent(
         violations=torch.stack(history) if record_violations else None,
         snapshots={k: orient(v) for k, v in out_snaps.items()},
         iterations=it,
+        Lambda=Lam,
+        stopped=stopped,
     )
 
 

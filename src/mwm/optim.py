@@ -9,14 +9,28 @@ Per parameter group (each carries a ``manifold`` key):
   ``W <- retract(W - lr A)`` with ``A`` from the dual ascent; no weight decay.
 
 Matrices of equal shape (up to transposition: wide ones are stacked in their
-tall orientation), manifold and hyperparameters are stacked into one bank and
-updated by one batched call. Values are checked wherever a divergence first
-shows: the gradients (before anything is written), the momentum and update
-direction, the weight before the retraction and the new weight. NaN, Inf, or a
-matrix whose squared Frobenius norm overflows (so its Gram matrix, or msign's
-normalization, would) raises ``FloatingPointError`` naming the parameters,
-before any LAPACK call sees the values; the weights of that bank are left
-unchanged. With sharded banks every rank raises together.
+tall orientation) and hyperparameters are stacked into one bank and updated by
+one batched call; Stiefel and DGram matrices of equal (padded) shape share a bank
+(one solve with a per-matrix projector mask, :class:`~mwm.dual_ascent.MixedProjector`),
+e.g. a per-layer assignment of one module kind.
+
+Inner solver (per group): ``solver`` (``dual_ascent``, the paper's, or ``admm``,
+:mod:`mwm.solvers`), ``dual_steps`` (the iteration cap), ``solver_tol`` (stop a
+matrix once ``||P(W^T A + A^T W)||_RMS`` is below it; ``None``: always run
+``dual_steps``), ``warm_start`` (start from the matrix's final multiplier of the
+previous step, kept as ``state["dual"]`` in the tall orientation and therefore in
+``state_dict``) and ``rho`` (ADMM's penalty). The defaults are the paper's:
+cold-started dual ascent, 20 steps, alpha 0.1. ``msign_precision`` (``float32``, or
+``bfloat16`` as released) is the precision of every msign (Muon, the inner solver,
+the Stiefel retraction).
+
+Values are checked wherever a divergence first shows: the gradients (before
+anything is written), the momentum and update direction, the weight before the
+retraction and the new weight. NaN, Inf, or a matrix whose squared Frobenius norm
+overflows (so its Gram matrix, or msign's normalization, would) raises
+``FloatingPointError`` naming the parameters, before any LAPACK call sees the
+values; the weights of that bank are left unchanged. With sharded banks every
+rank raises together.
 """
 
 from __future__ import annotations
@@ -25,9 +39,9 @@ from collections import defaultdict
 
 import torch
 
-from .dual_ascent import dual_ascent
 from .manifolds import DGRAM_RETRACTIONS, MANIFOLDS, get_manifold, to_tall
 from .msign import DEFAULT_STEPS, check_precision, msign
+from .solvers import SOLVERS, solve
 
 __all__ = ["ManifoldMuon", "MUON_MANIFOLDS"]
 
@@ -58,6 +72,10 @@ class ManifoldMuon(torch.optim.Optimizer):
         manifold: str = "none",
         init_on_manifold: bool = True,
         msign_precision: str = "float32",
+        solver: str = "dual_ascent",
+        solver_tol: float | None = None,
+        warm_start: bool = False,
+        rho: float = 1.0,
     ):
         if lr < 0:
             raise ValueError(f"lr must be >= 0, got {lr}")
@@ -69,6 +87,8 @@ class ManifoldMuon(torch.optim.Optimizer):
             lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay, alpha=alpha,
             dual_steps=dual_steps, dgram_retraction=dgram_retraction, msign_steps=msign_steps,
             method=method, manifold=manifold, names=None, msign_precision=msign_precision,
+            solver=solver, solver_tol=solver_tol,
+            warm_start=warm_start, rho=rho,
         )
         super().__init__(params, defaults)
         #: set to a dict to record, at the next step, each matrix's weight and update
@@ -87,6 +107,13 @@ class ManifoldMuon(torch.optim.Optimizer):
                     f"choose one of {', '.join(DGRAM_RETRACTIONS)}"
                 )
             check_precision(group["msign_precision"])
+            if group["solver"] not in SOLVERS:
+                raise ValueError(f"param group {gi}: unknown solver {group['solver']!r}; "
+                                 f"choose one of {', '.join(SOLVERS)}")
+            if group["solver_tol"] is not None and not group["solver_tol"] > 0:
+                raise ValueError(f"param group {gi}: solver_tol must be > 0 or None, got {group['solver_tol']}")
+            if not group["rho"] > 0:
+                raise ValueError(f"param group {gi}: rho must be > 0, got {group['rho']}")
             names = group["names"]
             if names is not None and len(names) != len(group["params"]):
                 raise ValueError(f"param group {gi}: {len(names)} names for {len(group['params'])} params")
@@ -128,47 +155,97 @@ class ManifoldMuon(torch.optim.Optimizer):
                     raise FloatingPointError(
                         f"{self._name(group, i)}: gradient has NaN or Inf entries; no parameter was updated"
                     )
-        bank = 0
-        pending = []
+        pieces = self._pieces(self._plan())
         error = None
-        for group in self.param_groups:
-            live = [p for p in group["params"] if p.grad is not None]
-            if not live:
-                continue
-            for params in _banks(live).values():
-                owner = bank % self._world
-                try:
-                    self._update_bank(group, params, compute=owner == self._rank)
-                except FloatingPointError as exc:
-                    if self._world == 1:
-                        raise
-                    error = error or exc  # raise on every rank together, after the broadcasts
-                pending.append((owner, params))
-                bank += 1
+        for owner, entries in pieces:
+            try:
+                self._update_bank(entries, compute=owner == self._rank)
+            except FloatingPointError as exc:
+                if self._world == 1:
+                    raise
+                error = error or exc  # raise on every rank together, before the broadcasts
         if self._world > 1:
             import torch.distributed as dist
 
-            flag = torch.tensor([0.0 if error is None else 1.0], device=pending[0][1][0].device if pending else None)
+            device = pieces[0][1][0][1].device if pieces else None
+            flag = torch.tensor([0.0 if error is None else 1.0], device=device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             if flag.item() > 0:
                 raise error or FloatingPointError("another rank found non-finite values in its Muon update; "
                                                   "no weights were updated")
-            for owner, params in pending:
+            for owner, entries in pieces:
+                params = [p for _, p in entries]
                 W = _stack([_tall(p.detach()) for p in params])
                 dist.broadcast(W, src=owner)
                 for p, w in zip(params, W):
                     p.copy_(_unpad(w, p))
+                if entries[0][0]["manifold"] != "none" and entries[0][0]["warm_start"]:
+                    for p in params:  # the multipliers travel with their bank's weights
+                        if "dual" not in self.state[p]:
+                            n = _tall(p).shape[-1]
+                            self.state[p]["dual"] = torch.zeros(n, n, dtype=W.dtype, device=W.device)
+                    L = torch.stack([self.state[p]["dual"] for p in params])
+                    dist.broadcast(L, src=owner)
+                    for p, lam in zip(params, L):
+                        self.state[p]["dual"].copy_(lam)
         return loss
 
     def shard(self, rank: int, world: int) -> None:
-        """Split the banks across ``world`` processes: each computes the updates of its
-        share (bank ``k`` belongs to rank ``k % world``) and broadcasts the new weights.
+        """Split the optimizer's work across ``world`` processes: the banks' matrices,
+        in bank order, are cut into ``world`` contiguous runs of about equal cost
+        (:func:`_split_by_work`; a bank may be cut in two), each rank computes the
+        updates of its run and broadcasts the new weights (and warm-start multipliers).
         Gradients must already agree across ranks (DDP); momentum is kept everywhere."""
         if not 0 <= rank < world:
             raise ValueError(f"rank {rank} outside a world of {world}")
         self._rank, self._world = rank, world
 
-    def _update_bank(self, group, params: list[torch.Tensor], compute: bool = True) -> None:
+    def _plan(self) -> list[list[tuple[dict, torch.Tensor]]]:
+        """Banks of ``(group, param)``: per group as :func:`_banks` makes them, and banks
+        of Stiefel and DGram groups with equal solver settings, width and (padded) height
+        merged into one."""
+        banks: dict[tuple, list] = {}
+        for gi, group in enumerate(self.param_groups):
+            live = [p for p in group["params"] if p.grad is not None]
+            if not live:
+                continue
+            if group["manifold"] in _MIXABLE:
+                solve_key = ("mixed",) + tuple(
+                    (k, v) for k, v in sorted(group.items()) if k not in ("params", "names", "manifold"))
+            else:
+                solve_key = ("group", gi)
+            for shape_key, params in _banks(live).items():
+                # merged only at equal padded height: more padding would cost more flops than
+                # the saved calls (hetero on the mini model: attention 192 rows, MLP 256)
+                height = max(_tall(p).shape[-2] for p in params)
+                banks.setdefault((solve_key, shape_key, height), []).extend((group, p) for p in params)
+        return list(banks.values())
+
+    def _pieces(self, banks) -> list[tuple[int, list]]:
+        """``(owner rank, entries)`` per bank, or per part of a bank cut between ranks."""
+        if self._world == 1:
+            return [(0, entries) for entries in banks]
+        costs = []
+        for entries in banks:
+            group = entries[0][0]
+            m = max(_tall(p).shape[-2] for _, p in entries)
+            n = _tall(entries[0][1]).shape[-1]
+            per = m * n * n * (1 if group["manifold"] == "none" else group["dual_steps"])
+            costs.append([per] * len(entries))
+        owners = _split_by_work([c for bank in costs for c in bank], self._world)
+        pieces, k = [], 0
+        for entries in banks:
+            start = 0
+            for i in range(1, len(entries) + 1):
+                if i == len(entries) or owners[k + i] != owners[k + start]:
+                    pieces.append((owners[k + start], entries[start:i]))
+                    start = i
+            k += len(entries)
+        return pieces
+
+    def _update_bank(self, entries: list[tuple[dict, torch.Tensor]], compute: bool = True) -> None:
+        group = entries[0][0]
+        params = [p for _, p in entries]
         mu = group["momentum"]
         grads = _stack([_tall(_work(p.grad)) for p in params])
         bufs = []
@@ -179,46 +256,80 @@ class ManifoldMuon(torch.optim.Optimizer):
             bufs.append(state["momentum_buffer"])
         buf = _stack([_tall(b) for b in bufs]).mul_(mu).add_(grads)
         update_dir = grads.add(buf, alpha=mu) if group["nesterov"] else buf
-        self._check(group, params, update_dir, "momentum / update direction")
+        self._check(entries, update_dir, "momentum / update direction")
         for b, new in zip(bufs, buf):
             b.copy_(_unpad(new, b))
         if not compute:
             return  # another rank computes this bank's update and broadcasts it
         lr = group["lr"]
         W = _stack([_tall(_work(p)) for p in params])
+        manifolds = [g["manifold"] for g, _ in entries]
         if self.capture is not None:
-            index = {id(q): i for i, q in enumerate(group["params"])}
-            for p, w, u in zip(params, W, update_dir):
-                self.capture[self._name(group, index[id(p)])] = (
-                    group["manifold"], _unpad(w, p).clone(), _unpad(u, p).clone())
+            for (g, p), w, u in zip(entries, W, update_dir):
+                i = next(j for j, q in enumerate(g["params"]) if q is p)
+                self.capture[self._name(g, i)] = (g["manifold"], _unpad(w, p).clone(), _unpad(u, p).clone())
+        duals = None
         if group["manifold"] == "none":
             if group["weight_decay"]:
                 W.mul_(1.0 - lr * group["weight_decay"])
             W.add_(msign(update_dir, steps=group["msign_steps"], precision=group["msign_precision"]), alpha=-lr)
         else:
-            mf = get_manifold(group["manifold"], group["dgram_retraction"])
-            res = dual_ascent(
-                W, update_dir, mf, alpha=group["alpha"], steps=group["dual_steps"],
-                method=group["method"], msign_steps=group["msign_steps"], precision=group["msign_precision"],
+            kinds = sorted(set(manifolds))
+            Lambda0 = None
+            if group["warm_start"] and all("dual" in self.state[p] for p in params):
+                Lambda0 = torch.stack([self.state[p]["dual"] for p in params]).to(W.dtype)
+            res = solve(
+                W, update_dir, kinds[0] if len(kinds) == 1 else manifolds, group["solver"],
+                alpha=group["alpha"], rho=group["rho"], steps=group["dual_steps"], tol=group["solver_tol"],
+                method=group["method"], msign_steps=group["msign_steps"], Lambda0=Lambda0,
+                precision=group["msign_precision"],
             )
-            W = W - lr * res.A
-            self._check(group, params, W, "weight before the retraction")
-            W = mf.retract(W, precision=group["msign_precision"])
-        self._check(group, params, W, "updated weight")
+            pre = W - lr * res.A
+            self._check(entries, pre, "weight before the retraction")
+            prec = group["msign_precision"]
+            if len(kinds) == 1:
+                W = get_manifold(kinds[0], group["dgram_retraction"]).retract(pre, precision=prec)
+            else:
+                W = torch.empty_like(pre)
+                for name in kinds:
+                    idx = torch.tensor([i for i, k in enumerate(manifolds) if k == name], device=pre.device)
+                    W[idx] = get_manifold(name, group["dgram_retraction"]).retract(pre[idx], precision=prec)
+            if group["warm_start"]:
+                duals = res.Lambda
+                self._check(entries, duals, "inner-solver multiplier")
+        self._check(entries, W, "updated weight")
         for p, w in zip(params, W):
             p.copy_(_unpad(w, p).to(p.dtype))
+        if duals is not None:
+            for p, lam in zip(params, duals):
+                self.state[p]["dual"] = lam.clone()
 
-
-    def _check(self, group, params, X: torch.Tensor, what: str) -> None:
+    def _check(self, entries, X: torch.Tensor, what: str) -> None:
         """Raise FloatingPointError unless every matrix of the bank ``X`` has a finite
         squared Frobenius norm: that excludes NaN and Inf, and values so large that a
         Gram matrix or a norm of them overflows (every Gram entry is at most it)."""
         if bool(torch.isfinite(X.square().sum(dim=(-2, -1))).all()):
             return
-        index = {id(q): i for i, q in enumerate(group["params"])}
-        names = ", ".join(self._name(group, index[id(p)]) for p in params)
+        names = ", ".join(self._name(g, next(j for j, q in enumerate(g["params"]) if q is p)) for g, p in entries)
         raise FloatingPointError(f"{what} of [{names}] is not finite (NaN, Inf or overflowing norm); "
                                  "these weights were left unchanged")
+
+
+#: Manifolds whose projectors mix in one batched solve (:class:`~mwm.dual_ascent.MixedProjector`).
+_MIXABLE = ("stiefel", "dgram")
+
+
+def _split_by_work(costs: list[float], world: int) -> list[int]:
+    """Owner rank of each item of an ordered list: ``world`` contiguous runs, each cut
+    where the running cost passes the next multiple of ``total / world`` (an item goes
+    to the rank in whose share its cost's midpoint falls)."""
+    total = float(sum(costs))
+    owners, acc = [], 0.0
+    for c in costs:
+        mid = acc + c / 2.0
+        owners.append(min(world - 1, int(mid * world / total)) if total > 0 else 0)
+        acc += c
+    return owners
 
 
 def _work(t: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,8 @@ One run per call; its folder is ``results/runs/<config>/<variant>/seed<seed>/``
 ``eval.csv``      step, train_loss, val_loss (fixed batches, the same for every run of a config)
 ``spectral.csv``  per evaluation and hidden matrix (and W_Q, W_K, W_V): see :mod:`mwm.diagnostics`
 ``spectra/step_NNNNNN.npz``  full singular spectra and column norms per matrix
+``sequence/step_NNNNNN.npz``  with ``train.capture_sequence``: (W, momentum direction) of
+                  every Muon matrix at each step of the window, as ``pairs.npz``
 ``attention.csv`` per evaluation, layer and head, on a fixed probe batch
 ``summary.json``  status (completed / unstable / failed), final and best val loss,
                   onset step, mean step time, optimizer share, parameter count,
@@ -153,8 +155,9 @@ class Run:
         self.opts = build_optimizers(
             self.model, assignment_spec(cfg["grid"], assignment), adamw_lr=tc["learning_rate"], betas=(tc["beta1"], tc["beta2"]),
             weight_decay=tc["weight_decay"], muon_lr=tc["muon_lr"], momentum=tc["muon_momentum"],
-            alpha=tc["dual_ascent_alpha"], dual_steps=tc["dual_ascent_steps"], dgram_retraction=retraction,
-            msign_steps=tc["msign_steps"], msign_precision=tc["msign_precision"],
+            alpha=tc["dual_ascent_alpha"], dual_steps=tc["solver_max_steps"] or tc["dual_ascent_steps"],
+            dgram_retraction=retraction, msign_steps=tc["msign_steps"], msign_precision=tc["msign_precision"],
+            solver=tc["solver"], solver_tol=tc["solver_tol"], warm_start=tc["warm_start"], rho=tc["admm_rho"],
         )
         if self.opts.muon is not None and world > 1:
             self.opts.muon.shard(rank, world)
@@ -237,10 +240,11 @@ class Run:
         for name in ("metrics.csv", "eval.csv", "spectral.csv", "attention.csv", "pairs.npz"):
             if (src / name).exists():
                 atomic_write(dst / name, lambda p, name=name: shutil.copyfile(src / name, p))
-        if (src / "spectra").is_dir():
-            for f in sorted((src / "spectra").glob("step_*.npz")):
-                if not (dst / "spectra" / f.name).exists() or src != self.dir:
-                    atomic_write(dst / "spectra" / f.name, lambda p, f=f: shutil.copyfile(f, p))
+        for sub in ("spectra", "sequence"):
+            if (src / sub).is_dir():
+                for f in sorted((src / sub).glob("step_*.npz")):
+                    if not (dst / sub / f.name).exists() or src != self.dir:
+                        atomic_write(dst / sub / f.name, lambda p, f=f: shutil.copyfile(f, p))
 
     def _logs_reach(self, step: int) -> bool:
         """Whether metrics.csv holds every step below ``step`` (so a resume can continue it)."""
@@ -372,7 +376,10 @@ class Run:
             raise FloatingPointError(f"training loss is {total} at step {it}")
         if tc["grad_clip"] > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc["grad_clip"])
-        capture = tc["capture_pairs_step"] is not None and it == tc["capture_pairs_step"] and self.opts.muon
+        seq = tc["capture_sequence"]
+        in_seq = seq is not None and seq["start"] <= it < seq["start"] + seq["length"]
+        capture = ((tc["capture_pairs_step"] is not None and it == tc["capture_pairs_step"]) or in_seq) \
+            and self.opts.muon
         if capture:
             self.opts.muon.capture = {}
         t1 = time.perf_counter()
@@ -382,7 +389,10 @@ class Run:
         t2 = time.perf_counter()
         self.opts.zero_grad()
         if capture:
-            self.save_pairs(self.opts.muon.capture)
+            if tc["capture_pairs_step"] is not None and it == tc["capture_pairs_step"]:
+                self.save_pairs(self.opts.muon.capture)
+            if in_seq:
+                self.save_pairs(self.opts.muon.capture, self.dir / "sequence" / f"step_{it:06d}.npz")
             self.opts.muon.capture = None
         dt, opt_t = t2 - t0, t2 - t1
         self.step_times.append(dt)
@@ -401,7 +411,7 @@ class Run:
                          + (f"{eta / 3600:.1f} h" if eta >= 3600 else f"{eta / 60:.1f} min" if eta >= 60 else f"{eta:.0f} s"))
         return total
 
-    def save_pairs(self, captured: dict):
+    def save_pairs(self, captured: dict, path: Path | None = None):
         if not self.master:
             return
         names = sorted(captured)
@@ -410,8 +420,9 @@ class Run:
         for i, n in enumerate(names):
             arrays[f"W_{i}"] = captured[n][1].float().cpu().numpy()
             arrays[f"G_{i}"] = captured[n][2].float().cpu().numpy()
-        atomic_savez(self.dir / "pairs.npz", arrays)
-        self.log(f"saved {len(names)} (W, G) pairs at step {self.step}")
+        atomic_savez(path or self.dir / "pairs.npz", arrays)
+        if path is None:
+            self.log(f"saved {len(names)} (W, G) pairs at step {self.step}")
 
     def pairs_not_captured(self) -> str | None:
         """Why this run holds no pairs at ``capture_pairs_step`` (None: it does, or none asked)."""

@@ -21,13 +21,18 @@ STUDY_FILES = ("alpha_derived.json", "alpha_summary.csv", "alpha_trajectories.cs
                "absorption_summary.csv", "audits.json", "softmax_jacobian.csv", "tangent_dims.csv")
 
 
+#: The solver study's files: drawn when present (the DAG's report rule requires them).
+SOLVER_STUDY_FILES = ("solvers_summary.csv", "solvers_derived.json")
+
+
 def load_studies(folder: str | Path) -> dict:
     folder = Path(folder)
     missing = [f for f in STUDY_FILES if not (folder / f).exists()]
     if missing:
         raise ReportError(f"study results missing in {folder}: {', '.join(missing)}")
     out = {}
-    for f in STUDY_FILES:
+    optional = [f for f in SOLVER_STUDY_FILES if (folder / f).exists()]
+    for f in STUDY_FILES + tuple(optional):
         try:
             out[f] = json.loads((folder / f).read_text()) if f.endswith(".json") else pd.read_csv(folder / f)
         except Exception as exc:  # json or pandas errors
@@ -198,6 +203,65 @@ def table_audits(st: dict, out: Path) -> pd.DataFrame:
     return df
 
 
+_FAMILIES = {  # (solver, warm, with tolerance) -> label, marker
+    ("dual_ascent", False, False): ("dual ascent, cold", "o"),
+    ("dual_ascent", True, False): ("dual ascent, warm", "s"),
+    ("dual_ascent", False, True): ("dual ascent, cold + tol", "v"),
+    ("dual_ascent", True, True): ("dual ascent, warm + tol", "^"),
+    ("admm", False, False): ("ADMM, cold", "D"),
+    ("admm", True, False): ("ADMM, warm", "P"),
+    ("admm", True, True): ("ADMM, warm + tol", "X"),
+}
+
+
+def fig_solvers(st: dict, out: Path) -> None:
+    """e_W against cost (msign-equivalents) per solver family and manifold, on the
+    in-training sequences, with the Pareto front and the paper's baseline."""
+    df = st["solvers_summary.csv"]
+    derived = st["solvers_derived.json"]
+    mans = sorted(df.manifold.unique())
+    fig, axes = plt.subplots(1, len(mans), figsize=(style.FULL, 2.6), squeeze=False)
+    for ax, man in zip(axes[0], mans):
+        d = df[df.manifold == man]
+        for i, ((solver, warm, has_tol), (label, marker)) in enumerate(_FAMILIES.items()):
+            sel = d[(d.solver == solver) & (d.warm.astype(str).str.lower() == str(warm).lower())
+                    & (d.tol.notna() == has_tol)]
+            rhos = sorted(sel.rho.dropna().unique()) or [None]
+            for j, rho in enumerate(rhos):  # one curve per ADMM penalty
+                part = sel if rho is None else sel[sel.rho == rho]
+                if len(part):
+                    part = part.sort_values("msign_eq")
+                    ax.plot(part.msign_eq, part.e_W, marker=marker, ms=3.5, lw=0.6, color=f"C{i}",
+                            ls=("-", "--", ":", "-.")[j % 4],
+                            label=label if rho is None else f"{label}, rho {rho:g}")
+        pts = d.sort_values(["msign_eq", "e_W"])
+        front, best = [], np.inf
+        for c, e in zip(pts.msign_eq, pts.e_W):
+            if e < best:
+                front.append((c, e))
+                best = e
+        if front:
+            ax.step(*zip(*front), where="post", color="k", lw=0.8, alpha=0.5, label="Pareto front")
+        b = derived["by_manifold"].get(man, {})
+        if b.get("baseline_e_W") is not None:
+            ax.axhline(b["baseline_e_W"], color="k", ls="--", lw=0.7, label="paper: 20 cold iterations")
+            ax.axvline(0.5 * b["baseline_msign_eq"], color="grey", ls=":", lw=0.7, label="half its cost")
+        ax.set(xscale="log", yscale="log", xlabel="msign-equivalents per step", ylabel="e_W (vs 200-it. cold)",
+               title=man)
+    axes[0][0].legend(fontsize=5)
+    fig.tight_layout()
+    style.save(fig, out, "fig_solvers_pareto")
+    rows = []
+    for man, e in derived["by_manifold"].items():
+        best = e.get("cheapest_matching") or {}
+        rows.append({"manifold": man, "paper e_W": e["baseline_e_W"], "paper msign": e["baseline_msign_eq"],
+                     "cheapest matching": best.get("candidate", "none"), "its e_W": best.get("e_W"),
+                     "msign ratio": best.get("msign_ratio"), "wall ratio": best.get("wall_ratio"),
+                     "<= 1/2 cost": best.get("half_cost_met", False)})
+    write_table(pd.DataFrame(rows), out, "table_solvers",
+                "Inner solvers on in-training sequences: the cheapest one matching the paper's e_W")
+
+
 def studies_report(st: dict, out: Path) -> None:
     style.apply()
     out.mkdir(parents=True, exist_ok=True)
@@ -206,3 +270,5 @@ def studies_report(st: dict, out: Path) -> None:
     table1(st, out)
     table2(st, out)
     table_audits(st, out)
+    if all(f in st for f in SOLVER_STUDY_FILES):
+        fig_solvers(st, out)

@@ -1,0 +1,179 @@
+"""Inner solvers of Manifold Muon: the paper's dual ascent and ADMM.
+
+Both solve the same problem (see :mod:`mwm.dual_ascent`) for a tall ``W`` with
+projector ``P`` and momentum ``G``::
+
+    max_A tr(G^T A)   s.t.   ||A||_2 <= 1,   P(W^T A + A^T W) = 0
+
+whose solution is ``A = msign(G + 2 W Lambda)`` at the optimal multiplier.
+
+``dual_ascent``
+    The paper's: gradient ascent on ``Lambda`` with step ``alpha (1 - t/T)``; one
+    msign per iteration.
+``admm``
+    Buchanan's splitting of the dual ``min_Lambda ||G + 2 W Lambda||_*`` as
+    ``min ||X||_*  s.t.  X = G + 2 W Lambda`` with penalty ``rho``, in the scaled
+    form whose dual variable is ``A / rho``::
+
+        Z      = G + 2 W Lambda + A / rho
+        A'     = clip_1(rho Z)                  (projection on the spectral-norm ball)
+        Lambda = Lambda + LS((A - 2 A') / rho)   (least-squares step of Lambda)
+
+    ``LS(E)`` solves ``min ||2 W dL - E||_F`` over symmetric ``dL`` fixed by ``P``
+    with ``W^T W`` replaced by its diagonal ``D`` (exact on Stiefel and DGram):
+    ``dL_ij = P(sym W^T E)_ij / (d_i + d_j)``. The X-update of ADMM is the prox of
+    the nuclear norm, ``Z - clip_{1/rho}(Z)`` (Moreau), so only the clip is needed,
+    and it is built from two msigns instead of an SVD:
+    ``clip_1(Z) = (Z + msign(Z) - msign(Y) (msign(Z)^T Z - I)) / 2`` with
+    ``Y = Z - msign(Z)`` (singular values ``min(s, 1) = (s + 1 - |s - 1|) / 2``).
+    An ADMM iteration therefore costs two msign-equivalents. ``G`` is divided by
+    its RMS singular value ``||G||_F / sqrt(n)`` first (the problem is invariant
+    to scaling ``G``; ``rho`` is then scale-free); ``Lambda`` is kept in ``G``'s units.
+
+Both take a warm-start multiplier ``Lambda0`` and a tolerance ``tol`` on
+``||P(W^T A + A^T W)||_RMS`` (per matrix), and return a
+:class:`~mwm.dual_ascent.DualAscentResult` with the final multiplier.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+from .dual_ascent import DualAscentResult, _as_manifold, _check_inputs, dual_ascent
+from .manifolds import rms, to_tall
+from .msign import DEFAULT_STEPS, msign
+
+__all__ = ["SOLVERS", "admm", "clip_spectral", "solve", "msign_per_iteration"]
+
+SOLVERS = ("dual_ascent", "admm")
+
+
+def msign_per_iteration(solver: str) -> int:
+    """msign calls one iteration of ``solver`` makes (its cost in msign-equivalents)."""
+    return {"dual_ascent": 1, "admm": 2}[solver]
+
+
+def clip_spectral(Z: torch.Tensor, msign_steps: int = DEFAULT_STEPS, precision: str = "float32") -> torch.Tensor:
+    """Projection of (a batch of) ``m x n`` matrices on the unit spectral-norm ball:
+    singular values ``s -> min(s, 1)``, from two msigns (see the module doc) in ``precision``."""
+    Q = msign(Z, steps=msign_steps, precision=precision)
+    tall = Z.shape[-2] >= Z.shape[-1]
+    Y = Z - Q
+    if tall:
+        R = Q.mT @ Z  # V diag(s) V^T
+        R.diagonal(dim1=-2, dim2=-1).sub_(1.0)
+        absdev = msign(Y, steps=msign_steps, precision=precision) @ R
+    else:
+        R = Z @ Q.mT  # U diag(s) U^T
+        R.diagonal(dim1=-2, dim2=-1).sub_(1.0)
+        absdev = R @ msign(Y, steps=msign_steps, precision=precision)
+    return (Z + Q - absdev).mul_(0.5)
+
+
+@torch.no_grad()
+def admm(
+    W: torch.Tensor,
+    G: torch.Tensor,
+    manifold="stiefel",
+    rho: float = 1.0,
+    steps: int = 20,
+    tol: float | None = None,
+    record_violations: bool = False,
+    snapshots: Iterable[int] = (),
+    msign_steps: int = DEFAULT_STEPS,
+    Lambda0: torch.Tensor | None = None,
+    precision: str = "float32",
+) -> DualAscentResult:
+    """ADMM on the inner problem (module doc); arguments as :func:`~mwm.dual_ascent.dual_ascent`."""
+    _check_inputs(W, G)
+    if steps < 1:
+        raise ValueError(f"ADMM needs steps >= 1, got {steps}")
+    if not rho > 0:
+        raise ValueError(f"ADMM needs rho > 0, got {rho}")
+    mf = _as_manifold(manifold)
+    snaps = sorted(set(int(t) for t in snapshots))
+    for t in snaps:
+        if not 1 <= t <= steps:
+            raise ValueError(f"snapshot iteration {t} is outside 1..{steps}")
+    Wt, transposed = to_tall(W.float() if W.dtype in (torch.float16, torch.bfloat16) else W)
+    Gt, _ = to_tall(G.to(Wt.dtype))
+    n = Wt.shape[-1]
+    g_scale = (Gt.square().sum(dim=(-2, -1)) / n).sqrt().clamp_min(1e-30)[..., None, None]
+    Gn = Gt / g_scale
+    d = (Wt.square().sum(dim=-2)).clamp_min(1e-30)  # diag(W^T W)
+    inv_denom = 1.0 / (d[..., :, None] + d[..., None, :])
+    if Lambda0 is None:
+        WtG = Wt.mT @ Gn
+        Lam = mf.project_(WtG + WtG.mT).mul_(-0.25)
+    else:
+        if Lambda0.shape != Wt.shape[:-2] + (n, n):
+            raise ValueError(f"Lambda0 of shape {tuple(Lambda0.shape)} does not match the multiplier shape "
+                             f"{tuple(Wt.shape[:-2] + (n, n))}")
+        L0 = Lambda0.to(Wt.dtype) / g_scale
+        Lam = mf.project_((L0 + L0.mT).mul_(0.5))
+    A = torch.zeros_like(Gn)
+    history, out_snaps = [], {}
+    done = A_stop = stopped = None
+    if tol is not None:
+        done = torch.zeros(Wt.shape[:-2], dtype=torch.bool, device=Wt.device)
+        stopped = torch.full(Wt.shape[:-2], steps, dtype=torch.long, device=Wt.device)
+    it = 0
+    for t in range(steps):
+        Z = torch.add(Gn, Wt @ Lam, alpha=2.0).mul_(rho).add_(A)
+        A_new = clip_spectral(Z, msign_steps, precision)
+        X = Wt.mT @ A_new
+        H = mf.project_(X + X.mT)
+        it = t + 1
+        if record_violations or tol is not None:
+            viol = rms(H)
+            if record_violations:
+                history.append(viol)
+        if it in snaps:
+            out_snaps[it] = A_new
+        E = torch.add(A, A_new, alpha=-2.0).div_(rho)
+        Y = Wt.mT @ E
+        dL = mf.project_((Y + Y.mT).mul_(0.5)).mul_(inv_denom)
+        if tol is not None:
+            newly = (viol < tol) & ~done
+            if bool(newly.any()):
+                A_stop = A_new.clone() if A_stop is None else torch.where(newly[..., None, None], A_new, A_stop)
+                stopped = torch.where(newly, it, stopped)
+                done = done | newly
+                if bool(done.all()):
+                    A = A_new
+                    break
+            if bool(done.any()):
+                dL = dL * (~done)[..., None, None].to(dL.dtype)
+        Lam = Lam + dL
+        A = A_new
+    if A_stop is not None:
+        A = torch.where(done[..., None, None], A_stop, A)
+
+    def orient(T):
+        return T.mT if transposed else T
+
+    return DualAscentResult(
+        A=orient(A),
+        violations=torch.stack(history) if record_violations else None,
+        snapshots={k: orient(v) for k, v in out_snaps.items()},
+        iterations=it,
+        Lambda=Lam * g_scale,
+        stopped=stopped,
+    )
+
+
+def solve(W, G, manifold, solver: str = "dual_ascent", *, alpha=0.1, rho: float = 1.0, steps: int = 20,
+          tol: float | None = None, method: str = "auto", msign_steps: int = DEFAULT_STEPS,
+          Lambda0: torch.Tensor | None = None, record_violations: bool = False,
+          snapshots: Iterable[int] = (), precision: str = "float32") -> DualAscentResult:
+    """Run the inner solver named ``solver`` (``dual_ascent`` or ``admm``)."""
+    if solver == "dual_ascent":
+        return dual_ascent(W, G, manifold, alpha=alpha, steps=steps, tol=tol, method=method,
+                           msign_steps=msign_steps, Lambda0=Lambda0, record_violations=record_violations,
+                           snapshots=snapshots, precision=precision)
+    if solver == "admm":
+        return admm(W, G, manifold, rho=rho, steps=steps, tol=tol, msign_steps=msign_steps, Lambda0=Lambda0,
+                    record_violations=record_violations, snapshots=snapshots, precision=precision)
+    raise ValueError(f"unknown inner solver {solver!r}; choose one of {', '.join(SOLVERS)}")

@@ -1,0 +1,231 @@
+"""Inner solvers: warm start, tolerance stop, mixed banks, ADMM, work sharding, the study."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import fakedata
+from mwm.assignments import build_optimizers
+from mwm.dual_ascent import MixedProjector, dual_ascent
+from mwm.manifolds import get_manifold
+from mwm.optim import ManifoldMuon, _split_by_work
+from mwm.solvers import admm, clip_spectral, solve
+from test_optim import Tiny, loss_of, train
+
+
+def pair(m, n, name="stiefel", batch=(), seed=0, g_scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    W = get_manifold(name).init(torch.randn(*batch, m, n, generator=g) / m**0.5)
+    G = torch.randn(*batch, m, n, generator=g) * g_scale
+    return W, G
+
+
+def rel(a, b):
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.mark.parametrize("name", ["stiefel", "dgram"])
+def test_warm_start_from_the_solution_starts_converged(name):
+    W, G = pair(48, 16, name, batch=(2,))
+    long = dual_ascent(W, G, name, steps=300)
+    cold = dual_ascent(W, G, name, steps=3, record_violations=True)
+    warm = dual_ascent(W, G, name, steps=3, record_violations=True, Lambda0=long.Lambda)
+    assert float(warm.violations[0].max()) < 0.05 * float(cold.violations[0].max())
+    assert rel(warm.A, long.A) < 0.1 * rel(cold.A, long.A)
+
+
+def test_warm_start_is_projected_onto_the_constraint():
+    W, G = pair(40, 12, "dgram")
+    L = torch.randn(12, 12)
+    projected = get_manifold("dgram").project((L + L.mT) / 2)
+    a = dual_ascent(W, G, "dgram", steps=4, Lambda0=L)
+    b = dual_ascent(W, G, "dgram", steps=4, Lambda0=projected)
+    assert torch.allclose(a.A, b.A, atol=1e-6)
+    assert torch.allclose(a.Lambda.diagonal(), torch.zeros(12))
+    with pytest.raises(ValueError, match="Lambda0 of shape"):
+        dual_ascent(W, G, "dgram", Lambda0=torch.zeros(5, 5))
+
+
+def test_tolerance_stops_each_matrix_independently_of_its_batch():
+    W1, G1 = pair(48, 16, seed=2, g_scale=0.1)
+    W2, G2 = pair(48, 16, seed=2, g_scale=1.0)
+    W, G = torch.stack([W1, W2]), torch.stack([G1, G2])
+    both = dual_ascent(W, G, steps=200, tol=2e-3, record_violations=True)
+    for i, (w, g) in enumerate([(W1, G1), (W2, G2)]):
+        alone = dual_ascent(w, g, steps=200, tol=2e-3)
+        assert torch.allclose(both.A[i], alone.A, atol=2e-5)
+        assert int(both.stopped[i]) == int(alone.stopped)
+        assert get_manifold("stiefel").tangent_violation(w, alone.A) < 2e-3
+    assert int(both.stopped[0]) < int(both.stopped[1])
+    assert both.iterations == int(both.stopped.max()) < 200
+
+
+def test_mixed_bank_equals_separate_solves():
+    Ws, Gs = pair(40, 12, "stiefel", batch=(2,), seed=3)
+    Wd, Gd = pair(40, 12, "dgram", batch=(2,), seed=4)
+    W, G = torch.cat([Ws, Wd]), torch.cat([Gs, Gd])
+    mixed = dual_ascent(W, G, ["stiefel", "stiefel", "dgram", "dgram"], steps=10)
+    s = dual_ascent(Ws, Gs, "stiefel", steps=10)
+    d = dual_ascent(Wd, Gd, "dgram", steps=10)
+    assert torch.allclose(mixed.A, torch.cat([s.A, d.A]), atol=2e-5)
+    with pytest.raises(ValueError, match="stiefel and dgram"):
+        MixedProjector(["stiefel", "oblique"])
+
+
+def test_clip_spectral_matches_svd():
+    g = torch.Generator().manual_seed(5)
+    for shape in [(30, 12), (12, 30)]:
+        Z = torch.randn(*shape, generator=g) * 0.3
+        U, S, Vh = torch.linalg.svd(Z.double(), full_matrices=False)
+        ref = (U * S.clamp(max=1.0)) @ Vh
+        assert rel(clip_spectral(Z).double(), ref) < 1e-4
+
+
+@pytest.mark.parametrize("name", ["stiefel", "dgram"])
+def test_admm_converges_to_the_dual_ascent_solution(name):
+    W, G = pair(64, 16, name, batch=(2,), seed=6, g_scale=1e-2)
+    ref = dual_ascent(W, G, name, steps=400).A
+    res = admm(W, G, name, rho=1.0, steps=40, record_violations=True)
+    assert rel(res.A, ref) < 1e-3
+    assert float(res.violations[-1].max()) < 1e-4
+    # scale invariance in G: the same direction for 1000 G, the multiplier scaled with it
+    big = admm(W, 1000 * G, name, rho=1.0, steps=40)
+    assert rel(big.A, res.A) < 1e-4
+    assert rel(big.Lambda, 1000 * res.Lambda) < 1e-4
+    with pytest.raises(ValueError, match="unknown inner solver"):
+        solve(W, G, name, "newton")
+
+
+def _tiny_opts(seed=0, **solver):
+    torch.manual_seed(seed)
+    model = Tiny()
+    return model, build_optimizers(model, "hetero", dual_steps=4, **solver)
+
+
+@pytest.mark.parametrize("solver", [dict(warm_start=True), dict(warm_start=True, solver="admm", rho=2.0),
+                                    dict(warm_start=True, solver_tol=1e-3)])
+def test_warm_state_round_trips_exactly(solver):
+    model, opts = _tiny_opts(**solver)
+    train(model, opts, steps=2)
+    duals = [s["dual"] for s in opts.muon.state.values() if "dual" in s]
+    assert len(duals) == 8 and all(d.shape == (8, 8) for d in duals)
+    clone = copy.deepcopy(model)
+    opts2 = build_optimizers(clone, "hetero", dual_steps=4, init_on_manifold=False, **solver)
+    opts2.load_state_dict(copy.deepcopy(opts.state_dict()))
+    train(model, opts, steps=2)
+    train(clone, opts2, steps=2)
+    for (n, a), (_, b) in zip(model.named_parameters(), clone.named_parameters()):
+        assert torch.equal(a, b), n
+
+
+def test_warm_start_changes_the_update_and_cold_default_stores_nothing():
+    model, opts = _tiny_opts()
+    wmodel, wopts = _tiny_opts(warm_start=True)
+    train(model, opts, steps=3)
+    train(wmodel, wopts, steps=3)
+    assert not any("dual" in s for s in opts.muon.state.values())
+    w = model.transformer.h[0].mlp.c_fc.weight
+    ww = wmodel.transformer.h[0].mlp.c_fc.weight
+    assert not torch.equal(w, ww)
+    assert rel(ww.detach(), w.detach()) < 0.05  # the same problem, solved from another start
+
+
+PER_LAYER = {"transformer.h.0.mlp.*": "stiefel", "transformer.h.1.mlp.*": "dgram"}
+
+
+def test_equal_shapes_of_both_manifolds_share_one_bank_and_match_separate_optimizers():
+    torch.manual_seed(0)
+    model = Tiny()
+    opts = build_optimizers(model, PER_LAYER, dual_steps=4)
+    loss_of(model).backward()
+    banks = [b for b in opts.muon._plan() if b[0][0]["manifold"] != "none"]
+    assert len(banks) == 1 and sorted(g["manifold"] for g, _ in banks[0]) == ["dgram"] * 2 + ["stiefel"] * 2
+    torch.manual_seed(0)
+    ref = Tiny()
+    ref_opts = build_optimizers(ref, PER_LAYER, dual_steps=4)
+    separate = [ManifoldMuon([dict(g)], init_on_manifold=False) for g in ref_opts.muon.param_groups]
+    for s in range(2):
+        for m in (model, ref):
+            for p in m.parameters():
+                p.grad = None
+            loss_of(m, s).backward()
+        opts.step()
+        for o in separate:
+            o.step()
+        ref_opts.adamw.step()
+    for (n, a), (_, b) in zip(model.named_parameters(), ref.named_parameters()):
+        assert torch.allclose(a, b, atol=2e-5), n
+
+
+def test_hetero_keeps_banks_of_different_heights_apart():
+    model, opts = _tiny_opts()
+    loss_of(model).backward()
+    banks = opts.muon._plan()
+    assert sorted(len(b) for b in banks) == [4, 4]
+    assert all(len({g["manifold"] for g, _ in b}) == 1 for b in banks)
+
+
+def test_work_split_is_balanced_and_contiguous():
+    owners = _split_by_work([1.0] * 8, 2)
+    assert owners == [0] * 4 + [1] * 4
+    owners = _split_by_work([4.0, 1.0, 1.0, 1.0, 1.0], 2)
+    assert owners == [0, 1, 1, 1, 1]
+    assert _split_by_work([1.0, 2.0], 1) == [0, 0]
+    torch.manual_seed(0)
+    model = Tiny()
+    opts = build_optimizers(model, "stiefel", dual_steps=4)
+    loss_of(model).backward()
+    assert len(opts.muon._plan()) == 1  # one padded bank of 8 matrices: split in two
+    opts.muon.shard(1, 2)
+    pieces = opts.muon._pieces(opts.muon._plan())
+    assert [o for o, _ in pieces] == [0, 1] and [len(e) for _, e in pieces] == [4, 4]
+
+
+def test_bad_solver_settings_are_named():
+    p = nn.Parameter(torch.randn(8, 4))
+    with pytest.raises(ValueError, match="unknown solver 'newton'"):
+        ManifoldMuon([{"params": [p], "manifold": "stiefel"}], solver="newton")
+    with pytest.raises(ValueError, match="solver_tol must be > 0"):
+        ManifoldMuon([{"params": [p], "manifold": "stiefel"}], solver_tol=0.0)
+    with pytest.raises(ValueError, match="rho must be > 0"):
+        ManifoldMuon([{"params": [p], "manifold": "stiefel"}], rho=-1.0)
+
+
+def test_capture_sequence_and_solver_study(tmp_path, monkeypatch):
+    monkeypatch.setattr("mwm.train.resolve_data", lambda cfg: fakedata.FakeData())
+    from mwm.config import load_config
+    from mwm.studies.solvers import run_solvers
+
+    cfg_path = fakedata.write_config(tmp_path / "tiny.yaml", train__warmup_iters=1)
+    cfg = load_config(cfg_path, ["studies.solvers.capture_start=2", "studies.solvers.capture_length=3",
+                                 "studies.solvers.reference_iterations=30", "studies.solvers.baseline_steps=30", "studies.solvers.converged_iterations=10",
+                                 "studies.solvers.dual_ascent_steps=[5]", "studies.solvers.warm_steps=[3]",
+                                 "studies.solvers.tols=[0.001]", "studies.solvers.admm_steps=[3]",
+                                 "studies.solvers.admm_rho=[1.0]", "studies.device=cpu"])
+    derived = run_solvers(cfg, tmp_path / "study", log=lambda *a: None)
+    run = tmp_path / "study" / "_train" / "runs" / "tiny" / "stiefel" / "seed0"
+    assert sorted(f.name for f in (run / "sequence").iterdir()) == [f"step_{s:06d}.npz" for s in (2, 3, 4)]
+    from mwm.studies.common import read_csv
+
+    rows = read_csv(tmp_path / "study" / "solvers_summary.csv")
+    by = {(r["candidate"], r["manifold"]): r for r in rows}
+    # the baseline here is the reference itself: zero error, and cheaper candidates are worse
+    for man in ("stiefel", "dgram"):
+        assert float(by["da-cold-T30", man]["e_W"]) == 0.0
+        assert float(by["da-cold-T5", man]["e_W"]) > 0.0
+        assert float(by["da-cold-T5", man]["msign_ratio"]) == pytest.approx(5 / 30)
+        assert float(by["admm-cold-T3-rho1", man]["msign_eq"]) == 6.0
+        assert derived["by_manifold"][man]["baseline_msign_eq"] == 30.0
+    # the report draws the Pareto figure and the table from these files
+    import json
+
+    import pandas as pd
+    from mwm.report.studies import fig_solvers
+
+    st = {"solvers_summary.csv": pd.read_csv(tmp_path / "study" / "solvers_summary.csv"),
+          "solvers_derived.json": json.loads((tmp_path / "study" / "solvers_derived.json").read_text())}
+    fig_solvers(st, tmp_path / "pf")
+    assert (tmp_path / "pf" / "fig_solvers_pareto.png").stat().st_size > 1000
+    assert len(pd.read_csv(tmp_path / "pf" / "table_solvers.csv")) == 2
