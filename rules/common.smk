@@ -1,10 +1,12 @@
 # Helpers shared by the rules, and validation of the config before any job starts.
 import os
+import shlex
 
 from snakemake.exceptions import WorkflowError
 
 from mwm.config import ConfigError, load_config
 from mwm.data import dataset_dir
+from mwm.paths import inside
 from mwm.runs import RUN_FILES, check_grid, grid_variants
 
 # The file the entry points read: the last --configfile, else the default.
@@ -40,6 +42,11 @@ def validated_snakemake_config():
 
 CFG = _load()
 NAME = CFG["name"]
+try:  # the schema already refuses such names; a path from the config never leaves its parent
+    for _parent in ("results/runs", "results/studies", "results/checkpoints", "logs", "paper_figures"):
+        inside(_parent, NAME, what=f"config name (in {_parent})")
+except ConfigError as exc:
+    raise WorkflowError(str(exc))
 DATA = str(dataset_dir(CFG["data"]))
 DATA_FILES = [f"{DATA}/train.bin", f"{DATA}/val.bin", f"{DATA}/meta.json"]
 VARIANTS = grid_variants(CFG["grid"])

@@ -51,6 +51,8 @@ def load_schema() -> dict:
 
 
 def _compose_schema() -> dict:
+    from .paths import NAME_PATTERN
+
     props = {}
     for path in sorted(SCHEMA_DIR.glob("*.yaml")):
         with open(path) as fh:
@@ -60,8 +62,9 @@ def _compose_schema() -> dict:
         "type": "object",
         "additionalProperties": False,
         "properties": {
-            "name": {"type": "string", "pattern": "^[A-Za-z0-9_.-]+$",
-                     "description": "config name; results land under results/.../<name>/"},
+            "name": {"type": "string", "pattern": NAME_PATTERN,
+                     "description": "config name; results land under results/.../<name>/ (a plain folder "
+                                    "name: no '/', not starting with '.' or '-')"},
             **props,
         },
         "required": ["name"],

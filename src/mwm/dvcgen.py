@@ -281,7 +281,7 @@ def build(configs: list[str], jobs_of=snakemake_jobs) -> dict:
                 (SCHEMA / f"{s}.yaml").as_posix() for s in sections if (SCHEMA / f"{s}.yaml").is_file()]
             rules = sorted({j.rule for j in kjobs})
             targets = sorted({next(o for o in j.outputs if o in own) for j in kjobs})
-            cmd = (f"snakemake --cores all --configfile {cfg_path} --allowed-rules {' '.join(rules)} -- "
+            cmd = (f"snakemake --cores all --configfile {shlex.quote(cfg_path)} --allowed-rules {' '.join(rules)} -- "
                    + " ".join(shlex.quote(t) for t in targets))
             stage = {"cmd": cmd, "deps": _unique(deps)}
             if sections:
