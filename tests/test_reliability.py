@@ -128,3 +128,239 @@ def test_rules_quote_a_config_path_with_a_space(tmp_path):
     for cmd in cmds:
         argv = shlex.split(cmd)
         assert Path(argv[argv.index("--config") + 1]).resolve() == (cfg_dir / "ci.yaml").resolve(), cmd
+
+
+# ---------------------------------------------------------------------------------------
+# training runs: helpers
+# ---------------------------------------------------------------------------------------
+CHILD = (
+    "import sys; sys.path.insert(0, {tests!r}); import fakedata; fakedata.patch()\n"
+    "from mwm.train import main; sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+def child_cmd(cfg: Path, out: Path, assignment: str = "none", seed: int = 0) -> list[str]:
+    script = cfg.parent / "child_train.py"
+    script.write_text(CHILD.format(tests=str(TESTS)))
+    return [sys.executable, str(script), "--config", str(cfg), "--assignment", assignment, "--seed", str(seed),
+            "--out", str(out)]
+
+
+def wait_for(pred, proc, timeout=180):
+    t0 = time.time()
+    while not pred():
+        if proc.poll() is not None:
+            raise AssertionError(f"child exited early with {proc.returncode}: {proc.stderr.read() if proc.stderr else ''}")
+        if time.time() - t0 > timeout:
+            proc.kill()
+            raise AssertionError("timed out")
+        time.sleep(0.05)
+
+
+def run_main(tmp_path, *extra, assignment="none", seed="0", out="out", **over):
+    from mwm.train import main
+
+    cfg = fakedata.write_config(tmp_path / "tiny.yaml", **over)
+    rc = main(["--config", str(cfg), "--assignment", assignment, "--seed", seed, "--out", str(tmp_path / out),
+               *extra])
+    return rc, tmp_path / out / "runs" / "tiny" / assignment / f"seed{seed}"
+
+
+@pytest.fixture()
+def fake_data(monkeypatch):
+    monkeypatch.setattr("mwm.train.resolve_data", lambda cfg: fakedata.FakeData())
+
+
+# ---------------------------------------------------------------------------------------
+# 2. one process per run folder
+# ---------------------------------------------------------------------------------------
+def test_second_process_on_a_run_is_refused_naming_the_holder(tmp_path, fake_data, capsys):
+    cfg = fakedata.write_config(tmp_path / "tiny.yaml", train__max_iters=400, train__lr_decay_iters=400,
+                                train__eval_interval=400, train__checkpoint_interval=400)
+    out = tmp_path / "out"
+    d = out / "runs" / "tiny" / "none" / "seed0"
+    proc = subprocess.Popen(child_cmd(cfg, out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: (d / "metrics.csv").exists() and len((d / "metrics.csv").read_text().splitlines()) > 2,
+                 proc)
+        from mwm.train import main
+
+        rows_before = len((d / "metrics.csv").read_text().splitlines())
+        rc = main(["--config", str(cfg), "--assignment", "none", "--seed", "0", "--out", str(out)])
+        err = capsys.readouterr().err
+        assert rc == 2
+        assert f"process {proc.pid}" in err and socket.gethostname() in err and "in use" in err, err
+        assert proc.poll() is None  # the holder goes on, its logs untouched by the refused one
+        assert len((d / "metrics.csv").read_text().splitlines()) >= rows_before
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path, fake_data, capsys):
+    from mwm.lock import LOCK_NAME
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    d = tmp_path / "out" / "runs" / "tiny" / "none" / "seed0"
+    d.mkdir(parents=True)
+    (d / LOCK_NAME).write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname(), "token": "x"}))
+    rc, d2 = run_main(tmp_path)
+    assert rc == 0 and d2 == d
+    assert "stale lock" in capsys.readouterr().out
+    assert json.loads((d / "summary.json").read_text())["status"] == "completed"
+    assert not (d / LOCK_NAME).exists()  # released at the end
+
+
+def test_lock_of_another_host_is_never_broken(tmp_path):
+    from mwm.lock import LOCK_NAME, RunLock, RunLocked
+
+    (tmp_path / LOCK_NAME).write_text(json.dumps({"pid": 1, "host": "elsewhere.example", "token": "x"}))
+    with pytest.raises(RunLocked, match="elsewhere.example.*delete"):
+        RunLock(tmp_path)
+    lock = RunLock(tmp_path / "free")
+    with pytest.raises(RunLocked, match=f"process {os.getpid()}"):
+        RunLock(tmp_path / "free")
+    lock.release()
+    RunLock(tmp_path / "free").release()
+
+
+# ---------------------------------------------------------------------------------------
+# 3. an interrupted rerun of a completed run never looks complete
+# ---------------------------------------------------------------------------------------
+def test_interrupted_rerun_leaves_no_summary_the_logs_do_not_back(tmp_path):
+    cfg = fakedata.write_config(tmp_path / "tiny.yaml", train__max_iters=300, train__lr_decay_iters=300,
+                                train__eval_interval=100, train__checkpoint_interval=100)
+    out = tmp_path / "out"
+    d = out / "runs" / "tiny" / "none" / "seed0"
+    first = subprocess.run(child_cmd(cfg, out), capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert json.loads((d / "summary.json").read_text())["status"] == "completed" and (d / "final.pt").exists()
+    proc = subprocess.Popen(child_cmd(cfg, out), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        for line in proc.stdout:  # the rerun has started once it reports its parameter count
+            if "parameters" in line:
+                break
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait()
+    if (d / "summary.json").exists():  # only a summary the logs back may stay
+        s = json.loads((d / "summary.json").read_text())
+        rows = len((d / "metrics.csv").read_text().splitlines()) - 1
+        assert s["status"] != "completed" or rows == s["steps_done"], (s, rows)
+    assert not (d / "final.pt").exists()
+    assert not list((d / "spectra").glob("step_*.npz")) or \
+        max(int(p.stem[5:]) for p in (d / "spectra").glob("step_*.npz")) <= 0
+
+
+# ---------------------------------------------------------------------------------------
+# 5. checkpoints are loaded as weights only
+# ---------------------------------------------------------------------------------------
+class _Evil:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.write_text, (Path(self.marker), "pwned"))
+
+
+def test_planted_pickle_checkpoint_is_refused_and_runs_no_code(tmp_path, fake_data, capsys):
+    marker = tmp_path / "PWNED"
+    ck = tmp_path / "out" / "checkpoints" / "tiny" / "none" / "seed0" / "ckpt.pt"
+    ck.parent.mkdir(parents=True)
+    with open(ck, "wb") as fh:
+        pickle.dump({"step": 4, "x": _Evil(marker)}, fh)
+    # old torch.save zip layout as well: torch.save of an object that runs code when unpickled
+    rc, d = run_main(tmp_path)
+    assert not marker.exists()
+    assert rc == 2 and "ckpt.pt" in capsys.readouterr().err
+    torch.save({"step": 4, "x": _Evil(marker)}, ck)
+    rc, d = run_main(tmp_path)
+    assert not marker.exists()
+    assert rc == 2 and "weights only" in capsys.readouterr().err
+
+
+def test_real_checkpoints_load_as_weights_only(tmp_path, fake_data):
+    from mwm.train import Run
+
+    cfg = load_config(fakedata.write_config(tmp_path / "tiny.yaml"))
+    run = Run(cfg, "hetero", 0, "paper", tmp_path / "out")
+    run.open_logs(0)
+    run.step = 4
+    run.save_checkpoint()
+    ck = torch.load(run.ckpt_path, weights_only=True)
+    assert ck["step"] == 4
+
+
+# ---------------------------------------------------------------------------------------
+# 6. files honour the umask; 7. strict JSON
+# ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("mask,mode", [(0o022, 0o644), (0o027, 0o640)])
+def test_written_files_honour_the_umask(tmp_path, fake_data, mask, mode):
+    from mwm.studies.common import write_csv, write_json
+
+    old = os.umask(mask)
+    try:
+        rc, d = run_main(tmp_path, train__capture_pairs_step=2)
+        write_csv(tmp_path / "study" / "a.csv", ["x"], [[1.0]])
+        write_json(tmp_path / "study" / "a.json", {"x": 1})
+    finally:
+        os.umask(old)
+    assert rc == 0
+    files = [p for p in d.rglob("*") if p.is_file()] + list((tmp_path / "study").iterdir())
+    assert {"summary.json", "final.pt", "pairs.npz", "metrics.csv", "a.csv"} <= {p.name for p in files}
+    for p in files:
+        assert stat.S_IMODE(p.stat().st_mode) == mode, (p, oct(p.stat().st_mode))
+
+
+def test_summary_is_strict_json_with_reasons(tmp_path, fake_data):
+    from mwm.train import Run
+
+    cfg = load_config(fakedata.write_config(tmp_path / "tiny.yaml"))
+    run = Run(cfg, "none", 0, "paper", tmp_path / "out")
+    run.last_val = float("nan")
+    run.best_val = float("inf")
+    run.write_summary(status="unstable")
+
+    def refuse(c):
+        raise ValueError(f"non-strict JSON constant {c}")
+
+    s = json.loads((run.dir / "summary.json").read_text(), parse_constant=refuse)
+    assert s["final_val_loss"] is None and s["non_finite"]["final_val_loss"] == "nan"
+
+
+# ---------------------------------------------------------------------------------------
+# 7. command line and signals
+# ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("args,needle", [(["--seed", "-1"], "--seed"), (["--threads", "-1"], "--threads"),
+                                         (["--threads", "0"], "--threads")])
+def test_negative_seed_and_threads_are_refused(tmp_path, fake_data, capsys, args, needle):
+    from mwm.train import main
+
+    cfg = fakedata.write_config(tmp_path / "tiny.yaml")
+    argv = ["--config", str(cfg), "--assignment", "none", "--seed", "0", "--out", str(tmp_path / "o")] + args
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2 and needle in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_colnorm_of_an_assignment_without_dgram_is_refused(tmp_path, fake_data, capsys):
+    rc, d = run_main(tmp_path, assignment="none-colnorm")
+    assert rc == 2 and "colnorm" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_sigint_checkpoints_like_sigterm(tmp_path):
+    from mwm.train import EXIT_PREEMPTED
+
+    cfg = fakedata.write_config(tmp_path / "tiny.yaml", train__max_iters=400, train__lr_decay_iters=400,
+                                train__eval_interval=400, train__checkpoint_interval=400)
+    out = tmp_path / "out"
+    d = out / "runs" / "tiny" / "none" / "seed0"
+    proc = subprocess.Popen(child_cmd(cfg, out), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: (d / "metrics.csv").exists() and len((d / "metrics.csv").read_text().splitlines()) > 3, proc)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == EXIT_PREEMPTED
+    ck = torch.load(out / "checkpoints" / "tiny" / "none" / "seed0" / "ckpt.pt", weights_only=True)
+    assert ck["step"] >= 3
