@@ -364,3 +364,22 @@ def test_sigint_checkpoints_like_sigterm(tmp_path):
     assert proc.wait(timeout=120) == EXIT_PREEMPTED
     ck = torch.load(out / "checkpoints" / "tiny" / "none" / "seed0" / "ckpt.pt", weights_only=True)
     assert ck["step"] >= 3
+
+
+def test_report_refuses_a_summary_its_logs_do_not_back(tmp_path, fake_data):
+    """What an interrupted rerun left before the fix: the old summary over logs cut to step 0."""
+    from mwm.report.load import ReportError, load_runs
+
+    rc, d = run_main(tmp_path, grid__assignments=["none"])
+    assert rc == 0
+    cfg = load_config(tmp_path / "tiny.yaml")
+    assert len(load_runs(cfg, tmp_path / "out")) == 1
+    for name in ("metrics.csv", "eval.csv"):
+        lines = (d / name).read_text().splitlines()
+        (d / name).write_text("\n".join(lines[:2]) + "\n")
+    with pytest.raises(ReportError, match=r"metrics\.csv.*do not back"):
+        load_runs(cfg, tmp_path / "out")
+    s = json.loads((d / "summary.json").read_text())
+    (d / "summary.json").write_text(json.dumps(dict(s, status="running")))
+    with pytest.raises(ReportError, match="not a finished run"):
+        load_runs(cfg, tmp_path / "out")
