@@ -383,3 +383,101 @@ def test_report_refuses_a_summary_its_logs_do_not_back(tmp_path, fake_data):
     (d / "summary.json").write_text(json.dumps(dict(s, status="running")))
     with pytest.raises(ReportError, match="not a finished run"):
         load_runs(cfg, tmp_path / "out")
+
+
+# ---------------------------------------------------------------------------------------
+# 4. training verifies the bins (cached); meta.json checks itself; ids inside the vocabulary
+# ---------------------------------------------------------------------------------------
+DATA = {"corpus": "text", "paths": ["corpus/*.txt"], "vocab_size": 64, "num_proc": 1}
+
+
+@pytest.fixture()
+def prepared(tmp_path, monkeypatch):
+    """A small prepared folder under tmp_path/data (the cwd), and a config that trains on it."""
+    from mwm.data import dataset_dir, prepare_dataset
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "corpus").mkdir()
+    rng = np.random.default_rng(0)
+    words = ["the", "king", "of", "Denmark", "is", "dead", "long", "live", "O", "thou", ",", ".", "\n"]
+    for i in range(6):
+        (tmp_path / "corpus" / f"d{i}.txt").write_text(" ".join(rng.choice(words, size=600)))
+    folder = prepare_dataset(DATA, log=None)
+    assert folder == dataset_dir(DATA)
+    cfg = fakedata.write_config(tmp_path / "tiny.yaml", train__max_iters=2, train__eval_interval=2,
+                                train__lr_decay_iters=2, data__corpus="text", data__paths=DATA["paths"],
+                                data__vocab_size=64, data__num_proc=1)
+    return tmp_path / folder, cfg
+
+
+def _train(cfg, out):
+    from mwm.train import main
+
+    return main(["--config", str(cfg), "--assignment", "none", "--seed", "0", "--out", str(out)])
+
+
+def _rewrite_meta(folder, edit):
+    meta = json.loads((folder / "meta.json").read_text())
+    edit(meta)
+    if "meta_sha256" in meta:
+        from mwm.data.reader import meta_digest
+
+        meta["meta_sha256"] = meta_digest(meta)
+    (folder / "meta.json").write_text(json.dumps(meta, indent=1))
+
+
+def test_training_refuses_a_flipped_byte_in_val_bin(prepared, capsys):
+    folder, cfg = prepared
+    assert _train(cfg, "ok") == 0
+    raw = bytearray((folder / "val.bin").read_bytes())
+    raw[10] ^= 1  # same size: the open-time size check cannot see it
+    st = (folder / "val.bin").stat()
+    (folder / "val.bin").write_bytes(bytes(raw))
+    assert _train(cfg, "bad") == 2
+    err = capsys.readouterr().err
+    assert "val.bin" in err and "sha256" in err, err
+    assert not Path("bad/runs").exists() or not list(Path("bad").rglob("summary.json"))
+
+
+def test_verdict_is_cached_by_size_and_mtime(prepared, monkeypatch):
+    from mwm.data import TokenDataset
+
+    folder, _ = prepared
+    assert TokenDataset(folder).verify_cached() is True  # first time: read in full
+    calls = []
+    real = TokenDataset._scan
+    monkeypatch.setattr(TokenDataset, "_scan", lambda self, split: calls.append(split) or real(self, split))
+    assert TokenDataset(folder).verify_cached() is False and calls == []
+    os.utime(folder / "train.bin", ns=(time.time_ns(), time.time_ns() + 10**9))
+    assert TokenDataset(folder).verify_cached() is True and calls == ["train", "val"]
+
+
+def test_edited_vocab_size_in_meta_is_refused(prepared, capsys):
+    from mwm.data.__main__ import main as data_main
+
+    folder, cfg = prepared
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["vocab_size"] = 50257  # a hand edit: the file no longer matches its own hash
+    (folder / "meta.json").write_text(json.dumps(meta, indent=1))
+    assert data_main(["info", str(folder), "--verify"]) == 1
+    err = capsys.readouterr().err
+    assert "meta.json" in err and ("vocab_size" in err or "edited" in err), err
+    # the same edit with the self-hash recomputed: the cross-check against the remap refuses it
+    _rewrite_meta(folder, lambda m: m.update(vocab_size=50257))
+    assert data_main(["info", str(folder), "--verify"]) == 1
+    err = capsys.readouterr().err
+    assert "meta.json" in err and "vocab_size" in err, err
+    assert _train(cfg, "x") == 2
+
+
+def test_token_id_outside_the_vocabulary_names_file_and_offset(prepared, capsys):
+    from mwm.data.reader import sha256_file
+
+    folder, cfg = prepared
+    ids = np.fromfile(folder / "train.bin", dtype="<u2")
+    ids[123] = 1000  # vocab is 65
+    ids.tofile(folder / "train.bin")
+    _rewrite_meta(folder, lambda m: m["splits"]["train"].update(sha256=sha256_file(folder / "train.bin")))
+    assert _train(cfg, "x") == 2
+    err = capsys.readouterr().err
+    assert "train.bin" in err and "offset 123" in err and "1000" in err, err

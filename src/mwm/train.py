@@ -80,7 +80,10 @@ def resolve_data(cfg: dict):
     folder = dataset_dir(cfg["data"])
     if not (folder / "meta.json").exists():
         raise ConfigError(f"data folder {folder} has no meta.json; run `python -m mwm.data prepare --config ...` first")
-    return TokenDataset(folder)
+    ds = TokenDataset(folder)
+    if ds.verify_cached():  # checksums and id range, once per data folder (cached by size+mtime)
+        print(f"verified {folder}: checksums and token ids", flush=True)
+    return ds
 
 
 def build_model_config(cfg: dict, data_vocab: int) -> GPTConfig:
