@@ -481,3 +481,28 @@ def test_token_id_outside_the_vocabulary_names_file_and_offset(prepared, capsys)
     assert _train(cfg, "x") == 2
     err = capsys.readouterr().err
     assert "train.bin" in err and "offset 123" in err and "1000" in err, err
+
+
+# ---------------------------------------------------------------------------------------
+# 7. after Ctrl-C the plain `snakemake --cores 2 all` redoes incomplete jobs
+# ---------------------------------------------------------------------------------------
+@pytest.mark.skipif(not HAS_SNAKEMAKE, reason="snakemake not installed")
+def test_plain_snakemake_reruns_incomplete_jobs(tmp_path):
+    """What a Ctrl-C leaves: outputs Snakemake marked incomplete (its .snakemake/incomplete
+    record). The plain command, without --profile, must plan to redo the job, not stop."""
+    from base64 import urlsafe_b64encode
+
+    from mwm.data import dataset_dir
+
+    repo = repo_copy(tmp_path / "repo")
+    data = dataset_dir(load_config(repo / "config" / "ci.yaml")["data"])
+    (repo / data).mkdir(parents=True)
+    for f in ("train.bin", "val.bin", "meta.json"):
+        (repo / data / f).write_text("partial")
+    marker = repo / ".snakemake" / "incomplete" / urlsafe_b64encode(str(data / "meta.json").encode()).decode()
+    marker.parent.mkdir(parents=True)
+    marker.write_text(json.dumps({"external_jobid": None}))
+    proc = snakemake_in(repo, "--configfile", "config/ci.yaml", "--dry-run", "--cores", "2", "all")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "IncompleteFilesException" not in out and "rule prepare_data" in out, out[-3000:]
