@@ -31,9 +31,9 @@ def _load():
 
 def validated_snakemake_config():
     try:
-        from mwm.config import validate
+        from mwm.config import exponent_floats, validate
 
-        raw = dict(config)
+        raw = exponent_floats(dict(config))  # Snakemake reads YAML 1.1: "1e6" is a string there
         raw.setdefault("name", os.path.splitext(os.path.basename(CONFIG_FILE))[0])
         return validate(raw, source=f"{CONFIG_FILE} (as Snakemake merged it)")
     except ConfigError as exc:

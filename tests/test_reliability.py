@@ -506,3 +506,53 @@ def test_plain_snakemake_reruns_incomplete_jobs(tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert "IncompleteFilesException" not in out and "rule prepare_data" in out, out[-3000:]
+
+
+# ---------------------------------------------------------------------------------------
+# 7. YAML exponent numbers; a full disk in prepare
+# ---------------------------------------------------------------------------------------
+def test_exponent_numbers_are_accepted(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("train:\n  learning_rate: 6e-4\n  max_iters: 2e2\n")
+    c = load_config(cfg, ["train.muon_lr=1e-2", "train.lr_decay_iters=1e3", "grid.seeds=[0, 1e0]"])
+    assert c["train"]["learning_rate"] == 6e-4 and c["train"]["muon_lr"] == 1e-2
+    assert c["train"]["max_iters"] == 200 and type(c["train"]["max_iters"]) is int
+    assert c["train"]["lr_decay_iters"] == 1000 and c["grid"]["seeds"] == [0, 1]
+    assert all(type(s) is int for s in c["grid"]["seeds"])
+    with pytest.raises(ConfigError, match="max_iters"):
+        load_config(cfg, ["train.max_iters=1.5e0"])
+    # a quoted value stays a string (and the schema says where it is wrong)
+    with pytest.raises(ConfigError, match="learning_rate"):
+        load_config(cfg, ["train.learning_rate='1e-3'"])
+
+
+@pytest.mark.skipif(not HAS_SNAKEMAKE, reason="snakemake not installed")
+def test_workflow_accepts_exponent_numbers(tmp_path):
+    repo = repo_copy(tmp_path / "repo")
+    text = (repo / "config" / "ci.yaml").read_text()
+    assert "max_iters: " in text
+    import re
+
+    (repo / "e.yaml").write_text(re.sub(r"max_iters: \d+", "max_iters: 3e1", text))
+    proc = snakemake_in(repo, "--configfile", "e.yaml", "--dry-run", "--nolock", "--cores", "1", "all")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+
+
+def test_full_disk_in_prepare_is_one_clear_line(tmp_path, monkeypatch, capsys):
+    from mwm.data.__main__ import main as data_main
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("the king is dead, long live the king\n" * 50)
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "out" / ".prepare-x" / "train.raw"))
+        yield  # a generator, like encode_units
+
+    monkeypatch.setattr("mwm.data.prepare.encode_units", full)
+    rc = data_main(["prepare", "--corpus", "text", "--paths", str(corpus), "--split", "tail", "--out",
+                    str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if not line.startswith("mwm.data: ")]
+    assert rc == 1 and len(lines) == 1, err
+    assert "no space left on device" in lines[0] and "train.raw" in lines[0] and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
