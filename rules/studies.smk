@@ -36,7 +36,7 @@ rule study_absorption:
         config=CONFIG_FILE,
         out=lambda wildcards, output: os.path.dirname(output[0]),
         studies=CFG["studies"]["absorption"],
-        pairs=lambda wildcards, input: "--pairs " + shlex.quote(str(input.pairs)) if input.pairs else "",
+        pairs=lambda wildcards, input: f"--pairs {shlex.quote(str(input.pairs))}" if input.pairs else "",
     log:
         f"{LOGS}/studies/absorption.log",
     threads: threads("study")
@@ -58,7 +58,7 @@ rule study_audits:
         config=CONFIG_FILE,
         out=lambda wildcards, output: os.path.dirname(output[0]),
         studies=CFG["studies"]["audits"],
-        spectral=lambda wildcards, input: "--spectral " + shlex.quote(str(input.spectral)) if input.spectral else "",
+        spectral=lambda wildcards, input: f"--spectral {shlex.quote(str(input.spectral))}" if input.spectral else "",
     log:
         f"{LOGS}/studies/audits.log",
     threads: threads("study")

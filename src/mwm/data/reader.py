@@ -170,10 +170,10 @@ class TokenDataset:
         st = path.stat()
         return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": got, "max_id": top}
 
-    def verify_checksums(self) -> None:
+    def verify_checksums(self) -> dict:
         """Read both bins in full: SHA-256 against meta.json and every id inside the
-        vocabulary; DataError names the file (and the offset). Records the verdict."""
-        self._write_verdict({split: self._scan(split) for split in SPLITS})
+        vocabulary; DataError names the file (and the offset). Writes nothing."""
+        return {split: self._scan(split) for split in SPLITS}
 
     def _verdict_key(self) -> str:
         return hashlib.sha256((self.folder / "meta.json").read_bytes()).hexdigest()
@@ -200,7 +200,7 @@ class TokenDataset:
         except (OSError, ValueError, KeyError, TypeError):
             fresh = False
         if not fresh:
-            self.verify_checksums()
+            self._write_verdict(self.verify_checksums())
         return not fresh
 
     def __repr__(self) -> str:
