@@ -3,8 +3,9 @@
 Every folder whose name comes from a config (``name``, the corpus folder, an
 assignment variant) or the command line (``--seed``) is built by :func:`inside`:
 each part must be one plain path component (not empty, not ``.`` or ``..``, no
-separator, not starting with ``.`` or ``-``), and the joined path, resolved, must
-lie under the resolved parent. A config ``name: ".."`` would otherwise point the
+separator, not starting with ``.`` or ``-``), and the joined path, made absolute,
+must lie under the parent. Symlinks are not resolved: one you make on purpose
+(``data/openwebtext -> /scratch/owt``) is followed, as any other file you place. A config ``name: ".."`` would otherwise point the
 report's output folder at the repository itself, which Snakemake deletes before
 the job.
 """
@@ -44,8 +45,8 @@ def inside(parent: str | Path, *parts: object, what: str = "path") -> Path:
     for part in parts:
         check_component(part, what)
     path = parent.joinpath(*map(str, parts))
-    base = os.path.realpath(parent)
-    real = os.path.realpath(path)
-    if os.path.commonpath([base, real]) != base or real == base and parts:
-        raise UnsafePathError(f"{what}: {path} resolves to {real}, outside its parent folder {base}")
+    base = os.path.abspath(parent)
+    full = os.path.abspath(path)
+    if os.path.commonpath([base, full]) != base or (full == base and parts):
+        raise UnsafePathError(f"{what}: {path} is {full}, outside its parent folder {base}")
     return path
