@@ -174,8 +174,8 @@ def fake_data(monkeypatch):
 # 2. one process per run folder
 # ---------------------------------------------------------------------------------------
 def test_second_process_on_a_run_is_refused_naming_the_holder(tmp_path, fake_data, capsys):
-    cfg = fakedata.write_config(tmp_path / "tiny.yaml", train__max_iters=400, train__lr_decay_iters=400,
-                                train__eval_interval=400, train__checkpoint_interval=400)
+    cfg = fakedata.write_config(tmp_path / "tiny.yaml", train__max_iters=5000, train__lr_decay_iters=5000,
+                                train__eval_interval=5000, train__checkpoint_interval=5000)
     out = tmp_path / "out"
     d = out / "runs" / "tiny" / "none" / "seed0"
     proc = subprocess.Popen(child_cmd(cfg, out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -353,8 +353,8 @@ def test_colnorm_of_an_assignment_without_dgram_is_refused(tmp_path, fake_data, 
 def test_sigint_checkpoints_like_sigterm(tmp_path):
     from mwm.train import EXIT_PREEMPTED
 
-    cfg = fakedata.write_config(tmp_path / "tiny.yaml", train__max_iters=400, train__lr_decay_iters=400,
-                                train__eval_interval=400, train__checkpoint_interval=400)
+    cfg = fakedata.write_config(tmp_path / "tiny.yaml", train__max_iters=5000, train__lr_decay_iters=5000,
+                                train__eval_interval=5000, train__checkpoint_interval=5000)
     out = tmp_path / "out"
     d = out / "runs" / "tiny" / "none" / "seed0"
     proc = subprocess.Popen(child_cmd(cfg, out), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
