@@ -211,12 +211,20 @@ def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path, fake_data, capsys)
     assert not (d / LOCK_NAME).exists()  # released at the end
 
 
-def test_lock_of_another_host_is_never_broken(tmp_path):
-    from mwm.lock import LOCK_NAME, RunLock, RunLocked
+def test_lock_of_another_host_is_broken_only_without_heartbeat(tmp_path, capsys):
+    from mwm.lock import LOCK_NAME, STALE_AFTER_S, RunLock, RunLocked
 
-    (tmp_path / LOCK_NAME).write_text(json.dumps({"pid": 1, "host": "elsewhere.example", "token": "x"}))
+    lock_file = tmp_path / LOCK_NAME
+    lock_file.write_text(json.dumps({"pid": 1, "host": "elsewhere.example", "token": "x"}))
     with pytest.raises(RunLocked, match="elsewhere.example.*delete"):
         RunLock(tmp_path)
+    old = time.time() - STALE_AFTER_S - 60  # its node died: no heartbeat for longer than the limit
+    os.utime(lock_file, (old, old))
+    taken = RunLock(tmp_path)
+    assert "stale lock" in capsys.readouterr().out
+    assert json.loads(lock_file.read_text())["pid"] == os.getpid()
+    taken.release()
+    assert not lock_file.exists()
     lock = RunLock(tmp_path / "free")
     with pytest.raises(RunLocked, match=f"process {os.getpid()}"):
         RunLock(tmp_path / "free")
@@ -555,3 +563,17 @@ def test_full_disk_in_prepare_is_one_clear_line(tmp_path, monkeypatch, capsys):
     assert rc == 1 and len(lines) == 1, err
     assert "no space left on device" in lines[0] and "train.raw" in lines[0] and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+def test_lock_holder_keeps_its_heartbeat(tmp_path, monkeypatch):
+    import mwm.lock
+
+    monkeypatch.setattr(mwm.lock, "HEARTBEAT_S", 0.05)
+    lock = mwm.lock.RunLock(tmp_path)
+    old = time.time() - 3600
+    os.utime(lock.path, (old, old))
+    t0 = time.time()
+    while lock.path.stat().st_mtime < t0 - 1 and time.time() - t0 < 10:
+        time.sleep(0.05)
+    assert lock.path.stat().st_mtime >= t0 - 1
+    lock.release()

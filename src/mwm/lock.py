@@ -6,9 +6,12 @@ host, process start time and a random token. A second process is refused with
 :class:`RunLocked`, whose message names the holder. A lock left by a process of
 this host that is gone (no such pid, or the pid now belongs to a process started
 later) is taken over: it is renamed aside, checked to be the very lock judged
-stale, and removed; a lock from another host is never broken (its process cannot
-be checked from here): the message says which file to delete once that process is
-known to be gone.
+stale, and removed. The holder refreshes the lock's mtime every ``HEARTBEAT_S``
+from a background thread; a lock from another host (whose process cannot be
+checked from here: a job retried on another node after its node died) is taken
+over only once its heartbeat is older than ``STALE_AFTER_S``; until then the
+message names the holder and the file to delete once that process is known to be
+gone.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import os
 import secrets
 import socket
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -26,6 +30,8 @@ from .io import current_umask
 __all__ = ["RunLock", "RunLocked", "LOCK_NAME"]
 
 LOCK_NAME = ".lock"
+HEARTBEAT_S = 60.0
+STALE_AFTER_S = 900.0
 
 
 class RunLocked(RuntimeError):
@@ -75,8 +81,17 @@ class RunLock:
             return {}
         return data if isinstance(data, dict) else {}
 
+    def _age(self) -> float | None:
+        try:
+            return time.time() - self.path.stat().st_mtime
+        except OSError:
+            return None
+
     def _stale(self, holder: dict) -> bool:
-        if holder.get("host") != self.host or not isinstance(holder.get("pid"), int):
+        if holder.get("host") != self.host:
+            age = self._age()
+            return age is not None and age > STALE_AFTER_S
+        if not isinstance(holder.get("pid"), int):
             return False
         pid = holder["pid"]
         if not _alive(pid):
@@ -127,6 +142,7 @@ class RunLock:
     def acquire(self) -> "RunLock":
         for _ in range(20):
             if self._try_create():
+                self._start_heartbeat()
                 return self
             holder = self._read(self.path)
             if holder is None:
@@ -135,16 +151,35 @@ class RunLock:
                 raise RunLocked(f"{self.folder} is locked by {self.path}, which is unreadable; delete it if "
                                 f"no process is using the run")
             if not self._stale(holder):
-                advice = (f"wait for it to finish or stop it" if holder.get("host") == self.host else
-                          f"if that process is gone, delete {self.path}")
+                age = self._age() or 0.0
+                advice = ("wait for it to finish or stop it" if holder.get("host") == self.host else
+                          f"its last heartbeat was {age:.0f} s ago; it is taken over after {STALE_AFTER_S:.0f} s "
+                          f"without one, or delete {self.path} once that process is known to be gone")
                 raise RunLocked(f"{self.folder} is in use by {self.describe(holder)} (lock {self.path}); "
                                 f"{advice}")
-            print(f"taking over the stale lock {self.path} of {self.describe(holder)}, which is gone",
-                  flush=True)
+            print(f"taking over the stale lock {self.path} of {self.describe(holder)}, which is gone "
+                  f"(no such process, or no heartbeat for {STALE_AFTER_S:.0f} s)", flush=True)
             self._break(holder)
         raise RunLocked(f"could not take the lock {self.path}: other processes keep taking it")
 
+    def _start_heartbeat(self) -> None:
+        self._stop = threading.Event()
+        token = self.token
+
+        def beat():
+            while not self._stop.wait(HEARTBEAT_S):
+                if (self._read(self.path) or {}).get("token") != token:
+                    return  # no longer ours
+                try:
+                    os.utime(self.path)
+                except OSError:
+                    pass
+
+        threading.Thread(target=beat, name="mwm-lock-heartbeat", daemon=True).start()
+
     def release(self) -> None:
+        if getattr(self, "_stop", None) is not None:
+            self._stop.set()
         if self.token is not None and (self._read(self.path) or {}).get("token") == self.token:
             try:
                 os.unlink(self.path)
