@@ -1,11 +1,13 @@
 # Helpers shared by the rules, and validation of the config before any job starts.
 import os
+import shlex
 
 from snakemake.exceptions import WorkflowError
 
 from mwm.config import ConfigError, load_config
 from mwm.data import dataset_dir
 from mwm.launch import ranks_per_run
+from mwm.paths import inside
 from mwm.runs import RUN_FILES, check_grid, grid_variants
 
 # The file the entry points read: the last --configfile, else the default.
@@ -31,9 +33,9 @@ def _load():
 
 def validated_snakemake_config():
     try:
-        from mwm.config import validate
+        from mwm.config import exponent_floats, validate
 
-        raw = dict(config)
+        raw = exponent_floats(dict(config))  # Snakemake reads YAML 1.1: "1e6" is a string there
         raw.setdefault("name", os.path.splitext(os.path.basename(CONFIG_FILE))[0])
         return validate(raw, source=f"{CONFIG_FILE} (as Snakemake merged it)")
     except ConfigError as exc:
@@ -42,6 +44,11 @@ def validated_snakemake_config():
 
 CFG = _load()
 NAME = CFG["name"]
+try:  # the schema already refuses such names; a path from the config never leaves its parent
+    for _parent in ("results/runs", "results/studies", "results/checkpoints", "logs", "paper_figures"):
+        inside(_parent, NAME, what=f"config name (in {_parent})")
+except ConfigError as exc:
+    raise WorkflowError(str(exc))
 DATA = str(dataset_dir(CFG["data"]))
 DATA_FILES = [f"{DATA}/train.bin", f"{DATA}/val.bin", f"{DATA}/meta.json"]
 VARIANTS = grid_variants(CFG["grid"])

@@ -15,4 +15,4 @@ rule prepare_data:
     conda:
         "../envs/mwm.yaml"
     shell:
-        "python -m mwm.data prepare --config {params.config} --num-proc {threads} > {log} 2>&1"
+        "python -m mwm.data prepare --config {params.config:q} --num-proc {threads} > {log:q} 2>&1"

@@ -27,4 +27,4 @@ rule report:
     conda:
         "../envs/mwm.yaml"
     shell:
-        "python -m mwm.report --config {params.config} --out {output} > {log} 2>&1"
+        "python -m mwm.report --config {params.config:q} --out {output:q} > {log:q} 2>&1"

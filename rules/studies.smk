@@ -26,7 +26,7 @@ rule study_alpha:
     conda:
         "../envs/mwm.yaml"
     shell:
-        "python -m mwm.studies.alpha --config {params.config} --out {params.out} studies.threads={threads} > {log} 2>&1"
+        "python -m mwm.studies.alpha --config {params.config:q} --out {params.out:q} studies.threads={threads} > {log:q} 2>&1"
 
 
 rule study_absorption:
@@ -38,7 +38,7 @@ rule study_absorption:
         config=CONFIG_FILE,
         out=lambda wildcards, output: os.path.dirname(output[0]),
         studies=CFG["studies"]["absorption"],
-        pairs=lambda wildcards, input: f"--pairs {input.pairs}" if input.pairs else "",
+        pairs=lambda wildcards, input: f"--pairs {shlex.quote(str(input.pairs))}" if input.pairs else "",
     log:
         f"{LOGS}/studies/absorption.log",
     threads: threads("study")
@@ -47,8 +47,8 @@ rule study_absorption:
     conda:
         "../envs/mwm.yaml"
     shell:
-        "python -m mwm.studies.absorption --config {params.config} --out {params.out} {params.pairs} "
-        "studies.threads={threads} > {log} 2>&1"
+        "python -m mwm.studies.absorption --config {params.config:q} --out {params.out:q} {params.pairs} "
+        "studies.threads={threads} > {log:q} 2>&1"
 
 
 rule study_audits:
@@ -60,7 +60,7 @@ rule study_audits:
         config=CONFIG_FILE,
         out=lambda wildcards, output: os.path.dirname(output[0]),
         studies=CFG["studies"]["audits"],
-        spectral=lambda wildcards, input: f"--spectral {input.spectral}" if input.spectral else "",
+        spectral=lambda wildcards, input: f"--spectral {shlex.quote(str(input.spectral))}" if input.spectral else "",
     log:
         f"{LOGS}/studies/audits.log",
     threads: threads("study")
@@ -69,8 +69,8 @@ rule study_audits:
     conda:
         "../envs/mwm.yaml"
     shell:
-        "python -m mwm.studies.audits --config {params.config} --out {params.out} {params.spectral} "
-        "studies.threads={threads} > {log} 2>&1"
+        "python -m mwm.studies.audits --config {params.config:q} --out {params.out:q} {params.spectral} "
+        "studies.threads={threads} > {log:q} 2>&1"
 
 
 # Inner solvers against the paper's dual ascent on (W, momentum) sequences that the
@@ -92,5 +92,5 @@ rule study_solvers:
     conda:
         "../envs/mwm.yaml"
     shell:
-        "python -m mwm.studies.solvers --config {params.config} --out {params.out} studies.threads={threads} "
-        "> {log} 2>&1"
+        "python -m mwm.studies.solvers --config {params.config:q} --out {params.out:q} studies.threads={threads} "
+        "> {log:q} 2>&1"

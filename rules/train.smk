@@ -22,5 +22,5 @@ rule train:
     conda:
         "../envs/mwm.yaml"
     shell:
-        "python -m mwm.train --config {params.config} --assignment {wildcards.variant} "
-        "--seed {wildcards.seed} --threads {threads} --out results > {log} 2>&1"
+        "python -m mwm.train --config {params.config:q} --assignment {wildcards.variant} "
+        "--seed {wildcards.seed} --threads {threads} --out results > {log:q} 2>&1"

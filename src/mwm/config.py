@@ -9,6 +9,12 @@ keys and wrong types, and names the offending key, value and file. Snakemake
 
 Overrides are ``dotted.key=value`` strings whose value is parsed as YAML
 (``train.max_iters=200``, ``grid.seeds=[0,1]``).
+
+YAML is read by PyYAML's safe loader (YAML 1.1, no tags) with one YAML 1.2 rule
+added: a number in exponent form without a dot (``1e6``, ``6e-4``) is a float, not
+the string YAML 1.1 makes of it. A float with an integral value given for an
+integer key (``train.max_iters=1e6``) becomes that integer; any other float there
+is refused by the schema.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import copy
 import functools
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -36,6 +43,45 @@ __all__ = [
 SCHEMA_DIR = Path(__file__).with_name("schema")
 
 
+class _Loader(yaml.SafeLoader):
+    """Safe YAML 1.1 plus YAML 1.2's exponent floats without a dot (``1e6``)."""
+
+
+_EXP_FLOAT = re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", _EXP_FLOAT, list("-+0123456789"))
+
+
+def exponent_floats(obj: Any) -> Any:
+    """``obj`` (read by a plain YAML 1.1 loader, e.g. Snakemake's) with ``1e6``-style
+    strings as floats, as :func:`yaml_load` reads them."""
+    if isinstance(obj, dict):
+        return {k: exponent_floats(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [exponent_floats(v) for v in obj]
+    if isinstance(obj, str) and _EXP_FLOAT.match(obj):
+        return float(obj.replace("_", ""))
+    return obj
+
+
+def yaml_load(stream):
+    """A config file or override value (see the module docstring)."""
+    return yaml.load(stream, Loader=_Loader)
+
+
+def _integers(value: Any, schema: dict) -> Any:
+    """``value`` with integral floats turned into ints where ``schema`` wants an integer."""
+    types = schema.get("type")
+    types = types if isinstance(types, list) else [types]
+    if isinstance(value, float) and "integer" in types and "number" not in types and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        props, extra = schema.get("properties", {}), schema.get("additionalProperties")
+        return {k: _integers(v, props.get(k, extra if isinstance(extra, dict) else {})) for k, v in value.items()}
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [_integers(v, schema["items"]) for v in value]
+    return value
+
+
 class ConfigError(ValueError):
     """A config that does not validate; the message names file, key and value."""
 
@@ -51,6 +97,8 @@ def load_schema() -> dict:
 
 
 def _compose_schema() -> dict:
+    from .paths import NAME_PATTERN
+
     props = {}
     for path in sorted(SCHEMA_DIR.glob("*.yaml")):
         with open(path) as fh:
@@ -60,8 +108,9 @@ def _compose_schema() -> dict:
         "type": "object",
         "additionalProperties": False,
         "properties": {
-            "name": {"type": "string", "pattern": "^[A-Za-z0-9_.-]+$",
-                     "description": "config name; results land under results/.../<name>/"},
+            "name": {"type": "string", "pattern": NAME_PATTERN,
+                     "description": "config name; results land under results/.../<name>/ (a plain folder "
+                                    "name: no '/', not starting with '.' or '-')"},
             **props,
         },
         "required": ["name"],
@@ -92,7 +141,7 @@ def _path(err) -> str:
 
 def validate(cfg: dict, source: str = "<config>") -> dict:
     """Validate ``cfg`` (a copy gets the defaults) and return it; raise ConfigError."""
-    cfg = copy.deepcopy(cfg)
+    cfg = _integers(copy.deepcopy(cfg), load_schema())
     errors = sorted(_Validator(load_schema()).iter_errors(cfg), key=lambda e: list(e.absolute_path))
     if errors:
         lines = []
@@ -119,7 +168,7 @@ def apply_overrides(cfg: dict, overrides: Iterable[str], source: str = "<overrid
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {item!r}: {p!r} is not a section")
-        node[parts[-1]] = yaml.safe_load(raw)
+        node[parts[-1]] = yaml_load(raw)
     return cfg
 
 
@@ -130,7 +179,7 @@ def load_config(path: str | Path, overrides: Iterable[str] = ()) -> dict:
         raise ConfigError(f"config file {path} does not exist")
     with open(path) as fh:
         try:
-            raw = yaml.safe_load(fh) or {}
+            raw = yaml_load(fh) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
     if not isinstance(raw, dict):

@@ -223,7 +223,7 @@ def build(configs: list[str], default: str = DEFAULT_CONFIG, jobs_of=snakemake_j
             deps = inputs + code_deps(kind, kjobs) + [(SCHEMA / f"{s}.yaml").as_posix() for s in sections]
             rules = sorted({j.rule for j in kjobs})
             targets = sorted({next(o for o in j.outputs if o in outs) for j in kjobs})
-            stage: dict = {"cmd": f"snakemake --cores all --configfile {cfg_path} --allowed-rules {' '.join(rules)} -- "
+            stage: dict = {"cmd": f"snakemake --cores all --configfile {shlex.quote(cfg_path)} --allowed-rules {' '.join(rules)} -- "
                                   + " ".join(shlex.quote(t) for t in targets)}
             if back != ".":
                 stage["wdir"] = back

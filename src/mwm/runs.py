@@ -94,11 +94,16 @@ def parse_variant(variant: str) -> tuple[str, str]:
 
 
 def run_dir(root: str | Path, config_name: str, variant: str, seed: int) -> Path:
-    return Path(root) / "runs" / config_name / variant / f"seed{seed}"
+    from .paths import inside
+
+    return inside(Path(root) / "runs", config_name, variant, f"seed{seed}", what="run folder (name/variant/seed)")
 
 
 def checkpoint_dir(root: str | Path, config_name: str, variant: str, seed: int) -> Path:
-    return Path(root) / "checkpoints" / config_name / variant / f"seed{seed}"
+    from .paths import inside
+
+    return inside(Path(root) / "checkpoints", config_name, variant, f"seed{seed}",
+                  what="checkpoint folder (name/variant/seed)")
 
 
 def grid_variants(grid: dict) -> list[str]:

@@ -51,7 +51,7 @@ from .io import CsvLog, atomic_savez, atomic_torch_save, atomic_write, atomic_wr
 from .launch import launch, ranks_per_run, worker_exit, worker_started
 from .model import GPT, SIZES, GPTConfig
 from .runs import (assignment_spec, check_grid, checkpoint_dir, parse_variant, run_config, run_dir,
-                   variant_name)
+                   uses_dgram, variant_name)
 from .schedule import adamw_lr
 
 __all__ = ["main", "train", "EXIT_PREEMPTED", "build_model_config", "resolve_data"]
@@ -84,7 +84,10 @@ def resolve_data(cfg: dict):
     folder = dataset_dir(cfg["data"])
     if not (folder / "meta.json").exists():
         raise ConfigError(f"data folder {folder} has no meta.json; run `python -m mwm.data prepare --config ...` first")
-    return TokenDataset(folder)
+    ds = TokenDataset(folder)
+    if ds.verify_cached():  # checksums and id range, once per data folder (cached by size+mtime)
+        print(f"verified {folder}: checksums and token ids", flush=True)
+    return ds
 
 
 def build_model_config(cfg: dict, data_vocab: int) -> GPTConfig:
@@ -262,7 +265,12 @@ class Run:
     def try_resume(self) -> int:
         if not self.ckpt_path.exists():
             return 0
-        ck = torch.load(self.ckpt_path, map_location=self.device, weights_only=False)
+        try:  # tensors and plain containers only: a planted pickle cannot run code
+            ck = torch.load(self.ckpt_path, map_location=self.device, weights_only=True)
+        except Exception as exc:
+            raise ConfigError(f"checkpoint {self.ckpt_path} cannot be loaded as weights only ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0] if str(exc) else ''}); it is damaged or not written by "
+                              f"mwm.train: delete it to start the run afresh") from exc
         if not self._logs_reach(ck["step"]) and (self.ckpt_dir / "logs" / "metrics.csv").exists():
             self.log("run logs missing or short (a retried job); restoring them from the checkpoint's copy")
             self._mirror(self.ckpt_dir / "logs", self.dir)
@@ -473,8 +481,24 @@ class Run:
         rows = read_csv_rows(p) if p.exists() else []
         return [{k: float(v) for k, v in r.items()} for r in rows]
 
+    def invalidate_products(self, start: int) -> None:
+        """Before the logs are cut back to ``start``: remove the summary and the products a
+        finished run leaves (final.pt; pairs.npz and spectra not before ``start``), so an
+        interrupted rerun never looks complete (the summary comes back at the end)."""
+        if not self.master:
+            return
+        (self.dir / "summary.json").unlink(missing_ok=True)
+        (self.dir / "final.pt").unlink(missing_ok=True)
+        cap = self.tc["capture_pairs_step"]
+        if cap is None or cap >= start:
+            (self.dir / "pairs.npz").unlink(missing_ok=True)
+        for f in (self.dir / "spectra").glob("step_*.npz"):
+            if int(f.stem.split("_")[1]) >= start:
+                f.unlink()
+
     def run(self) -> int:
         start = self.try_resume()
+        self.invalidate_products(start)
         self.open_logs(start)
         if start:
             self.log(f"resumed from {self.ckpt_path} at step {start}")
@@ -548,19 +572,48 @@ def train(cfg: dict, assignment: str, seed: int, retraction: str | None = None,
             return 2
 
         def on_signal(signum, frame):
+            if signum == signal.SIGINT and run.stop_flag:
+                raise KeyboardInterrupt  # a second Ctrl-C: stop now
             run.stop_flag = True
             run.log(f"received signal {signum}; will checkpoint after this step")
 
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
+        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):  # Ctrl-C checkpoints too
             signal.signal(sig, on_signal)
+        from .lock import RunLock, RunLocked
+
+        try:  # one process per run folder
+            lock = RunLock(run.dir) if run.master else None
+        except RunLocked as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         try:
             return run.run()
+        except ConfigError as exc:  # e.g. a checkpoint that cannot be trusted
+            run.write_summary(status="failed", error=str(exc))
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         except Exception as exc:
             run.write_summary(status="failed", error=f"{type(exc).__name__}: {exc}")
             raise
+        finally:
+            if lock is not None:
+                lock.release()
     finally:
         if world > 1:
             torch.distributed.destroy_process_group()
+
+
+def _int_at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is below {low}")
+        return value
+
+    return parse
 
 
 def main(argv=None) -> int:
@@ -570,13 +623,13 @@ def main(argv=None) -> int:
     ap.add_argument("--assignment", required=True,
                     help="assignment name (none, stiefel, dgram, hetero, hetero-inv, oblique, adamw) or a "
                          "variant with -colnorm suffix")
-    ap.add_argument("--seed", type=int, required=True)
+    ap.add_argument("--seed", type=_int_at_least(0), required=True)
     ap.add_argument("--retraction", choices=["paper", "colnorm"], default=None,
                     help="DGram retraction (default: train.dgram_retraction of the config)")
     ap.add_argument("--out", default="results", help="results root (default: results)")
-    ap.add_argument("--threads", type=int, default=None,
+    ap.add_argument("--threads", type=_int_at_least(1), default=None,
                     help="torch CPU threads of the run, split across its ranks (default: torch's choice)")
-    ap.add_argument("--nproc", type=int, default=None,
+    ap.add_argument("--nproc", type=_int_at_least(1), default=None,
                     help="DDP ranks for this run (default: the config's, see mwm.launch.ranks_per_run); more "
                          "than 1 relaunches this command as that many ranks under torchrun (mwm.launch)")
     ap.add_argument("overrides", nargs="*", help="config overrides, dotted.key=value")
@@ -587,6 +640,9 @@ def main(argv=None) -> int:
         assignment, suffix_retraction = parse_variant(args.assignment)
         assignment_spec(cfg["grid"], assignment)
         retraction = args.retraction or (suffix_retraction if args.assignment.endswith("-colnorm") else None)
+        if suffix_retraction == "colnorm" and not uses_dgram(assignment, cfg["grid"].get("custom")):
+            raise ConfigError(f"--assignment {args.assignment}: the colnorm retraction only exists for assignments "
+                              f"that use DGram; {assignment!r} does not (train {assignment!r} instead)")
         nproc = args.nproc or ranks_per_run(cfg)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)

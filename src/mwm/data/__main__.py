@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import os
 import sys
 
 from ..config import ConfigError, apply_overrides, load_config
@@ -164,6 +166,14 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except (DataError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        where = f" writing {exc.filename}" if exc.filename else ""
+        out = getattr(args, "out", None) or "the data folder"
+        print(f"error: {os.strerror(exc.errno).lower()}{where}; free space for {out} (or pass --out to "
+              f"another disk) and run prepare again: nothing was replaced", file=sys.stderr)
         return 1
 
 

@@ -29,7 +29,7 @@ from . import vocab as vocab_mod
 from .corpora import UNIT_CHARS, Source, make_source
 from .encode import DTYPE, encode_units
 from .errors import DataError
-from .reader import FORMAT, FORMAT_VERSION, SPLITS, sha256_file
+from .reader import FORMAT, FORMAT_VERSION, SPLITS, meta_digest, sha256_file
 from .spec import content, dataset_dir, normalize
 from .tokenizer import tokenizer_info
 
@@ -270,6 +270,7 @@ def prepare(section: dict | None = None, out: str | Path | None = None, *, force
             "data_hash": config_hash(shaping),
             "producer": f"mwm {__version__} (python -m mwm.data prepare)",
         }
+        meta["meta_sha256"] = meta_digest(meta)  # meta.json checks itself (reader.read_meta)
         text = json.dumps(meta, indent=1)
         if remap is not None:  # the kept ids on one line, not one per line
             text = text.replace(json.dumps(remap["kept_ids"], indent=1).replace("\n", "\n  "),

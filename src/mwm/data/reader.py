@@ -1,9 +1,14 @@
 """Reading a prepared token folder: ``meta.json`` + ``train.bin`` + ``val.bin``.
 
-Opening checks that every file is there and that each bin's byte size is the one
-``meta.json`` records (cheap: a truncated or replaced file is caught at once);
-:meth:`TokenDataset.verify_checksums` reads both bins in full against their
-recorded SHA-256.
+Opening checks ``meta.json`` against itself (``meta_sha256``, the SHA-256 of its
+own canonical content, and cross-checks: vocab_size and eot_id against the
+tokenizer and remap, data_hash against data), that every file is there and that
+each bin's byte size is the one ``meta.json`` records (cheap: a truncated or
+replaced file is caught at once). :meth:`TokenDataset.verify_checksums` reads both
+bins in full: SHA-256 against ``meta.json`` and every id below ``vocab_size`` (an
+error names the file and the offset). :meth:`TokenDataset.verify_cached` (what
+training calls) does the same once per data folder and caches the verdict in
+``.verified.json`` keyed by each bin's size and mtime and by meta.json's hash.
 """
 
 from __future__ import annotations
@@ -16,12 +21,42 @@ import numpy as np
 
 from .errors import DataError
 
-__all__ = ["TokenDataset", "FORMAT", "FORMAT_VERSION", "SPLITS", "sha256_file"]
+__all__ = ["TokenDataset", "FORMAT", "FORMAT_VERSION", "SPLITS", "sha256_file", "meta_digest", "VERIFIED_NAME"]
 
 FORMAT = "mwm-tokens"
 FORMAT_VERSION = 1
 SPLITS = ("train", "val")
 _HASH_CHUNK = 1 << 23
+VERIFIED_NAME = ".verified.json"
+
+
+def meta_digest(meta: dict) -> str:
+    """SHA-256 of meta.json's content without its own ``meta_sha256`` (canonical JSON)."""
+    body = {k: v for k, v in meta.items() if k != "meta_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _cross_check(path: Path, meta: dict) -> None:
+    """meta.json's fields that follow from one another must agree (an edit shows)."""
+    if "meta_sha256" in meta and meta["meta_sha256"] != meta_digest(meta):
+        raise DataError(f"{path}: its content does not match its meta_sha256 (the file was edited); "
+                        f"prepare the data again")
+    tok, remap = meta.get("tokenizer") or {}, meta.get("remap")
+    if isinstance(remap, dict) and "k" in remap:
+        want_vocab = remap["k"] + 1
+        kept = remap.get("kept_ids") or []
+        want_eot = kept.index(tok.get("eot")) if tok.get("eot") in kept else None
+    else:
+        want_vocab, want_eot = tok.get("n_vocab"), tok.get("eot")
+    for key, want in (("vocab_size", want_vocab), ("eot_id", want_eot)):
+        if want is not None and meta.get(key) != want:
+            raise DataError(f"{path}: {key} is {meta.get(key)!r}, but its tokenizer and remap give {want}; "
+                            f"the file was edited or damaged: prepare the data again")
+    if "data" in meta and "data_hash" in meta:
+        from ..config import config_hash
+
+        if config_hash(meta["data"]) != meta["data_hash"]:
+            raise DataError(f"{path}: data_hash does not match its data section (the file was edited)")
 
 
 def sha256_file(path: Path) -> str:
@@ -49,6 +84,7 @@ def read_meta(folder: Path) -> dict:
         entry = meta.get("splits", {}).get(split)
         if not isinstance(entry, dict) or not {"file", "bytes", "tokens", "sha256"} <= set(entry):
             raise DataError(f"{path}: splits.{split} lacks file/bytes/tokens/sha256")
+    _cross_check(path, meta)
     return meta
 
 
@@ -107,15 +143,65 @@ class TokenDataset:
     def tokens(self, name: str) -> int:
         return len(self.split(name))
 
-    def verify_checksums(self) -> None:
-        """Read both bins in full and compare with meta.json's SHA-256; DataError names the file."""
-        for split in SPLITS:
-            entry = self.meta["splits"][split]
-            path, _ = self._checked_bin(entry)
-            got = sha256_file(path)
-            if got != entry["sha256"]:
-                raise DataError(f"{path}: sha256 {got} differs from meta.json's {entry['sha256']}: "
-                                f"the file was altered; prepare it again")
+    def _scan(self, split: str) -> dict:
+        """Read one bin in full: its SHA-256 and largest id; DataError naming the file and
+        the offset of the first id outside the vocabulary."""
+        entry = self.meta["splits"][split]
+        path, size = self._checked_bin(entry)
+        h, top, offset = hashlib.sha256(), -1, 0
+        vocab = self.vocab_size
+        with open(path, "rb") as fh:
+            while block := fh.read(_HASH_CHUNK):
+                h.update(block)
+                ids = np.frombuffer(block, dtype=self.dtype)
+                if len(ids):
+                    m = int(ids.max())
+                    if m >= vocab:
+                        i = offset + int(np.argmax(ids >= vocab))
+                        raise DataError(f"{path}: token id {int(ids[i - offset])} at token offset {i} (byte "
+                                        f"{i * self.dtype.itemsize}) is outside the vocabulary of {vocab} ids "
+                                        f"(meta.json vocab_size); prepare the data again")
+                    top = max(top, m)
+                offset += len(ids)
+        got = h.hexdigest()
+        if got != entry["sha256"]:
+            raise DataError(f"{path}: sha256 {got} differs from meta.json's {entry['sha256']}: "
+                            f"the file was altered; prepare it again")
+        st = path.stat()
+        return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": got, "max_id": top}
+
+    def verify_checksums(self) -> dict:
+        """Read both bins in full: SHA-256 against meta.json and every id inside the
+        vocabulary; DataError names the file (and the offset). Writes nothing."""
+        return {split: self._scan(split) for split in SPLITS}
+
+    def _verdict_key(self) -> str:
+        return hashlib.sha256((self.folder / "meta.json").read_bytes()).hexdigest()
+
+    def _write_verdict(self, splits: dict) -> None:
+        from ..io import atomic_write_json
+
+        try:
+            atomic_write_json(self.folder / VERIFIED_NAME, {"meta": self._verdict_key(), "splits": splits})
+        except OSError:  # a read-only data folder: verified every time instead
+            pass
+
+    def verify_cached(self) -> bool:
+        """:meth:`verify_checksums` once per data folder: skipped (returns False) while
+        ``.verified.json`` matches meta.json's hash and each bin's size and mtime."""
+        try:
+            cached = json.loads((self.folder / VERIFIED_NAME).read_text())
+            fresh = cached["meta"] == self._verdict_key()
+            for split in SPLITS:
+                st = (self.folder / self.meta["splits"][split]["file"]).stat()
+                c = cached["splits"][split]
+                fresh = fresh and (c["size"], c["mtime_ns"], c["sha256"]) == (
+                    st.st_size, st.st_mtime_ns, self.meta["splits"][split]["sha256"]) and c["max_id"] < self.vocab_size
+        except (OSError, ValueError, KeyError, TypeError):
+            fresh = False
+        if not fresh:
+            self._write_verdict(self.verify_checksums())
+        return not fresh
 
     def __repr__(self) -> str:
         c = self.meta.get("corpus", {}).get("name", "?")

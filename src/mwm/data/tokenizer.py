@@ -25,7 +25,6 @@ import sys
 import tarfile
 import tempfile
 import urllib.request
-import uuid
 from pathlib import Path
 from typing import Callable
 
@@ -101,16 +100,10 @@ def provision_status() -> dict[str, str]:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    """Write via a unique temp name + rename (readers never see a partial file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
-    try:
-        with open(tmp, "xb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    """Write via a temp file + rename (readers never see a partial file): mwm.io's writer."""
+    from ..io import atomic_write_bytes
+
+    atomic_write_bytes(path, data)
 
 
 def _from_sdist(sdist: Path) -> dict[str, bytes]:

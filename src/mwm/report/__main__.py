@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from ..config import ConfigError, load_config
+from ..paths import inside
 from ..runs import check_grid
 from .ledger import build_ledger, write_ledger
 from .load import ReportError, load_runs
@@ -22,7 +23,7 @@ from .training import training_report
 
 def build(cfg: dict, results: Path, out: Path) -> Path:
     runs = load_runs(cfg, results)
-    studies = load_studies(results / "studies" / cfg["name"])
+    studies = load_studies(inside(results / "studies", cfg["name"], what="config name"))
     out.mkdir(parents=True, exist_ok=True)
     numbers = training_report(cfg, runs, out)
     studies_report(studies, out)
@@ -40,7 +41,7 @@ def main(argv=None) -> int:
     try:
         cfg = load_config(args.config)
         check_grid(cfg["grid"])
-        out = Path(args.out) if args.out else Path("paper_figures") / cfg["name"]
+        out = Path(args.out) if args.out else inside("paper_figures", cfg["name"], what="config name")
         build(cfg, Path(args.results), out)
     except (ConfigError, ReportError) as exc:
         print(f"error: {exc}", file=sys.stderr)

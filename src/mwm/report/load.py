@@ -56,9 +56,34 @@ def load_runs(cfg: dict, root: str | Path = "results") -> dict[tuple[str, int], 
                 variant, seed, d, summary, _read_csv(d / "eval.csv"), _read_csv(d / "spectral.csv"),
                 _read_csv(d / "attention.csv"), _read_csv(d / "metrics.csv"),
             )
+            check_backed(runs[variant, seed])
     if missing:
         raise ReportError("training runs missing for the report:\n  " + "\n  ".join(missing))
     return runs
+
+
+FINAL_STATUSES = ("completed", "unstable", "failed")
+
+
+def check_backed(run: RunData) -> None:
+    """A summary must be backed by its logs: a finished status, one metrics row per step
+    done (0 .. steps_done-1) and no evaluation past it. An interrupted rerun of an old
+    run could otherwise show the old result over logs that restart at step 0."""
+    path = run.dir / "summary.json"
+    status = run.summary.get("status")
+    if status not in FINAL_STATUSES:
+        raise ReportError(f"{path}: status {status!r} is not a finished run ({', '.join(FINAL_STATUSES)}); "
+                          f"rerun it")
+    steps = run.summary.get("steps_done")
+    logged = sorted(run.metrics["step"].astype(int)) if "step" in run.metrics else []
+    if not isinstance(steps, int) or logged != list(range(steps)):
+        last = logged[-1] if logged else None
+        raise ReportError(f"{path} says steps_done={steps}, but {run.dir / 'metrics.csv'} holds {len(logged)} "
+                          f"step rows (last step {last}): the logs do not back the summary (an interrupted "
+                          f"rerun?); rerun the run")
+    if "step" in run.eval and len(run.eval) and int(run.eval["step"].max()) > steps:
+        raise ReportError(f"{run.dir / 'eval.csv'} holds an evaluation at step {int(run.eval['step'].max())}, "
+                          f"past the summary's steps_done={steps}; rerun the run")
 
 
 def spectra_steps(run: RunData) -> list[int]:

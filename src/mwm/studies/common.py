@@ -8,10 +8,8 @@ import hashlib
 import io
 import json
 import math
-import os
 import platform
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -19,6 +17,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from ..config import ConfigError, config_hash, load_config
+from ..io import atomic_write_text  # the package's one atomic writer (umask-honouring)
 from ..manifolds import Manifold, get_manifold
 from ..msign import msign
 
@@ -107,25 +106,6 @@ def chunks(total: int, per_item_elements: int, max_elements: int) -> list[slice]
 
 
 # -- output ---------------------------------------------------------------------------
-
-def atomic_write_text(path: str | Path, text: str) -> Path:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; give the usual permissions
-        with os.fdopen(fd, "w", newline="") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
-
 
 def _fmt(v: Any) -> Any:
     if isinstance(v, bool) or v is None:

@@ -1,0 +1,52 @@
+"""Paths built from config or command-line values stay inside their parent folder.
+
+Every folder whose name comes from a config (``name``, the corpus folder, an
+assignment variant) or the command line (``--seed``) is built by :func:`inside`:
+each part must be one plain path component (not empty, not ``.`` or ``..``, no
+separator, not starting with ``.`` or ``-``), and the joined path, made absolute,
+must lie under the parent. Symlinks are not resolved: one you make on purpose
+(``data/openwebtext -> /scratch/owt``) is followed, as any other file you place. A config ``name: ".."`` would otherwise point the
+report's output folder at the repository itself, which Snakemake deletes before
+the job.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from .config import ConfigError
+
+__all__ = ["UnsafePathError", "NAME_PATTERN", "check_component", "inside"]
+
+#: What a name from a config may look like (the schema uses the same pattern).
+NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
+_NAME = re.compile(NAME_PATTERN)
+
+
+class UnsafePathError(ConfigError):
+    """A config or command-line value would put a path outside its parent folder."""
+
+
+def check_component(value: object, what: str) -> str:
+    """``value`` as one safe path component; UnsafePathError naming ``what`` and the value."""
+    text = str(value)
+    if not _NAME.match(text) or text in (".", ".."):
+        raise UnsafePathError(
+            f"{what}: {text!r} is not a plain folder name (letters, digits, '_', '.', '-', not starting "
+            f"with '.' or '-', no '/'): a path built from it could leave its parent folder")
+    return text
+
+
+def inside(parent: str | Path, *parts: object, what: str = "path") -> Path:
+    """``parent / part / ...`` after checking each part and that the result stays under ``parent``."""
+    parent = Path(parent)
+    for part in parts:
+        check_component(part, what)
+    path = parent.joinpath(*map(str, parts))
+    base = os.path.abspath(parent)
+    full = os.path.abspath(path)
+    if os.path.commonpath([base, full]) != base or (full == base and parts):
+        raise UnsafePathError(f"{what}: {path} is {full}, outside its parent folder {base}")
+    return path
