@@ -145,9 +145,11 @@ def test_paper_dry_run_lists_the_grid_with_resources(paper_dry_run):
 
     # the studies (one job each) and the report, with their stages' resources
     stage_of = {"prepare_data": "data", "train": "train", "report": "report",
-                "study_alpha": "study", "study_absorption": "study", "study_audits": "study"}
+                "study_alpha": "study", "study_absorption": "study", "study_audits": "study",
+                "study_solvers": "study"}
     assert {rule: n for rule, n in stats.items() if rule != "all"} == {
-        "prepare_data": 1, "train": 24, "study_alpha": 1, "study_absorption": 1, "study_audits": 1, "report": 1}
+        "prepare_data": 1, "train": 24, "study_alpha": 1, "study_absorption": 1, "study_audits": 1,
+        "study_solvers": 1, "report": 1}
     for j in jobs:
         if j["rule"] == "all":
             continue
