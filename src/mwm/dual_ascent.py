@@ -280,6 +280,12 @@ def dual_ascent(
         Lam = Lam - step_size * H
     if A is None:
         A = out_snaps[it] if it in out_snaps else _gram_direction(Mx, Q)
+    return _result(A, A_stop, done, stopped, Lam, it, history if record_violations else None, out_snaps, transposed)
+
+
+def _result(A, A_stop, done, stopped, Lam, iterations, history, snapshots, transposed) -> DualAscentResult:
+    """An inner solver's result: stopped matrices keep the direction of their stopping
+    iteration, and every direction goes back to the caller's orientation."""
     if A_stop is not None:
         A = torch.where(done[..., None, None], A_stop, A)
 
@@ -288,9 +294,9 @@ def dual_ascent(
 
     return DualAscentResult(
         A=orient(A),
-        violations=torch.stack(history) if record_violations else None,
-        snapshots={k: orient(v) for k, v in out_snaps.items()},
-        iterations=it,
+        violations=torch.stack(history) if history is not None else None,
+        snapshots={k: orient(v) for k, v in snapshots.items()},
+        iterations=iterations,
         Lambda=Lam,
         stopped=stopped,
     )

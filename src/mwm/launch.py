@@ -30,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from .lock import _alive
+
 __all__ = ["ranks_per_run", "launch", "worker_started", "worker_exit", "main"]
 
 #: set for the ranks: a folder where each writes ``pid.<rank>`` and ``rc.<rank>``
@@ -81,16 +83,6 @@ def _read(folder: Path, kind: str) -> dict[int, int]:
         except ValueError:
             pass
     return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def launch(nproc: int, train_args: list[str], threads: int | None = None, wait_s: float = 300.0) -> int:

@@ -41,7 +41,7 @@ from typing import Iterable
 
 import torch
 
-from .dual_ascent import DualAscentResult, _as_manifold, _check_inputs, dual_ascent
+from .dual_ascent import DualAscentResult, _as_manifold, _check_inputs, _result, dual_ascent
 from .manifolds import rms, to_tall
 from .msign import DEFAULT_STEPS, msign
 
@@ -148,20 +148,8 @@ def admm(
                 dL = dL * (~done)[..., None, None].to(dL.dtype)
         Lam = Lam + dL
         A = A_new
-    if A_stop is not None:
-        A = torch.where(done[..., None, None], A_stop, A)
-
-    def orient(T):
-        return T.mT if transposed else T
-
-    return DualAscentResult(
-        A=orient(A),
-        violations=torch.stack(history) if record_violations else None,
-        snapshots={k: orient(v) for k, v in out_snaps.items()},
-        iterations=it,
-        Lambda=Lam * g_scale,
-        stopped=stopped,
-    )
+    return _result(A, A_stop, done, stopped, Lam * g_scale, it, history if record_violations else None, out_snaps,
+                   transposed)
 
 
 def solve(W, G, manifold, solver: str = "dual_ascent", *, alpha=0.1, rho: float = 1.0, steps: int = 20,
