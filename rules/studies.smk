@@ -38,7 +38,8 @@ rule study_absorption:
         config=CONFIG_FILE,
         out=lambda wildcards, output: os.path.dirname(output[0]),
         studies=CFG["studies"]["absorption"],
-        pairs=lambda wildcards, input: f"--pairs {shlex.quote(str(input.pairs))}" if input.pairs else "",
+        pairs=lambda wildcards, input: (
+            "--pairs " + " ".join(shlex.quote(str(f)) for f in input.pairs) if input.pairs else ""),
     log:
         f"{LOGS}/studies/absorption.log",
     threads: threads("study")
