@@ -49,7 +49,9 @@ def make_problem(layers, assignment, seed=0):
     return names, weights, grads, mfs
 
 
-def time_ours(names, weights, grads, mfs, lr, steps):
+def muon_groups(names, weights, mfs):
+    """Fresh parameters of ``weights`` and one ManifoldMuon param group per manifold
+    (weight decay 0.1 on plain Muon only, as the released code)."""
     params = [nn.Parameter(w.clone()) for w in weights]
     groups = {}
     for n, p, mf in zip(names, params, mfs):
@@ -57,7 +59,28 @@ def time_ours(names, weights, grads, mfs, lr, steps):
                                "weight_decay": 0.1 if mf == "none" else 0.0})
         groups[mf]["params"].append(p)
         groups[mf]["names"].append(n)
-    opt = ManifoldMuon(list(groups.values()), lr=lr, dual_steps=steps, alpha=0.1, init_on_manifold=False)
+    return params, list(groups.values())
+
+
+def step_times(setups, x, warmup, steps):
+    """Wall time of each timed training step of every ``(model, opts)`` in ``setups``,
+    in interleaved rounds (machine load hits every configuration alike)."""
+    times = {c: [] for c in setups}
+    for i in range(warmup + steps):
+        for c, (model, opts) in setups.items():
+            t0 = time.perf_counter()
+            _, loss = model(x[:, :-1], x[:, 1:])
+            loss.backward()
+            opts.step()
+            opts.zero_grad()
+            if i >= warmup:
+                times[c].append(time.perf_counter() - t0)
+    return times
+
+
+def time_ours(names, weights, grads, mfs, lr, steps):
+    params, groups = muon_groups(names, weights, mfs)
+    opt = ManifoldMuon(groups, lr=lr, dual_steps=steps, alpha=0.1, init_on_manifold=False)
     for p, g in zip(params, grads):
         p.grad = g.clone()
     t = time.perf_counter()

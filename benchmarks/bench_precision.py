@@ -22,6 +22,8 @@ from mwm.assignments import build_optimizers
 from mwm.model import GPT, GPTConfig
 from mwm.msign import msign, msign_bf16, polar_exact
 
+from bench_core import step_times
+
 
 def _time(f, reps):
     f()
@@ -63,16 +65,7 @@ def bench_train(args):
                                   n_head=args.heads, n_embd=args.embd))
             setups[(assignment, prec)] = (model, build_optimizers(model, assignment, dual_steps=20, alpha=0.1,
                                                                   msign_precision=prec))
-    times = {c: [] for c in setups}
-    for i in range(args.warmup + args.steps):
-        for c, (model, opts) in setups.items():
-            t0 = time.perf_counter()
-            _, loss = model(x[:, :-1], x[:, 1:])
-            loss.backward()
-            opts.step()
-            opts.zero_grad()
-            if i >= args.warmup:
-                times[c].append(time.perf_counter() - t0)
+    times = step_times(setups, x, args.warmup, args.steps)
     for a in ("stiefel", "hetero"):
         f, b = statistics.median(times[(a, "float32")]), statistics.median(times[(a, "bfloat16")])
         print(f"train step {a:<8} float32 {f * 1e3:7.1f} ms  bfloat16 {b * 1e3:7.1f} ms  ratio {b / f:.2f}x")

@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from mwm.assignments import build_optimizers
 from mwm.config import load_config
@@ -34,7 +33,7 @@ from mwm.optim import ManifoldMuon
 from mwm.studies.solvers import (candidates, capture_sequences, load_sequence, measure_sequence, parse_candidate,
                                  summarise)
 
-from bench_core import make_problem
+from bench_core import make_problem, muon_groups, step_times
 
 
 def part_sequences(args, cfg):
@@ -89,17 +88,7 @@ def part_hetero(args, base):
     setups = {c: _mini(args, c[0], base, separate=c[1]) for c in configs}
     g = torch.Generator().manual_seed(1)
     x = torch.randint(0, args.vocab, (args.batch, args.block + 1), generator=g)
-    times = {c: [] for c in configs}
-    for i in range(args.warmup + args.steps):
-        for c in configs:  # interleaved rounds: machine load hits every configuration alike
-            model, opts = setups[c]
-            t0 = time.perf_counter()
-            _, loss = model(x[:, :-1], x[:, 1:])
-            loss.backward()
-            opts.step()
-            opts.zero_grad()
-            if i >= args.warmup:
-                times[c].append(time.perf_counter() - t0)
+    times = step_times(setups, x, args.warmup, args.steps)
     med = {c: statistics.median(v) for c, v in times.items()}
     for c in configs:
         label = c[0] + (" (banks per manifold)" if c[1] else "")
@@ -114,14 +103,8 @@ def part_hetero(args, base):
 def part_gpt2(args, solvers):
     def opt_for(assignment, solver):
         names, weights, grads, mfs = make_problem(args.layers, assignment)
-        params = [nn.Parameter(w.clone()) for w in weights]
-        groups = {}
-        for n, p, mf in zip(names, params, mfs):
-            groups.setdefault(mf, {"params": [], "names": [], "manifold": mf,
-                                   "weight_decay": 0.1 if mf == "none" else 0.0})
-            groups[mf]["params"].append(p)
-            groups[mf]["names"].append(n)
-        opt = ManifoldMuon(list(groups.values()), lr=0.02, dual_steps=solver["steps"], alpha=0.1,
+        params, groups = muon_groups(names, weights, mfs)
+        opt = ManifoldMuon(groups, lr=0.02, dual_steps=solver["steps"], alpha=0.1,
                            init_on_manifold=False, **_solver_opts(solver))
         return opt, params, grads
 
