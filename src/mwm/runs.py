@@ -13,6 +13,10 @@ from pathlib import Path
 __all__ = ["RUN_FILES", "variant_name", "parse_variant", "run_dir", "checkpoint_dir", "grid_variants",
            "uses_dgram", "assignment_spec", "check_grid", "run_config"]
 
+#: The train settings of the inner solver: all a ``grid.solver_comparison`` candidate may change.
+SOLVER_TRAIN_KEYS = ("solver", "warm_start", "solver_max_steps", "solver_tol", "admm_rho", "dual_ascent_steps",
+                     "dual_ascent_alpha")
+
 #: The files every finished run has (what the workflow declares as outputs).
 RUN_FILES = ("summary.json", "metrics.csv", "eval.csv", "spectral.csv", "attention.csv")
 
@@ -56,6 +60,16 @@ def check_grid(grid: dict) -> None:
     if extra:
         raise ConfigError(f"grid.train_overrides names assignment(s) {extra} that are not in grid.assignments "
                           f"({', '.join(grid['assignments'])})")
+    for cand, base in grid.get("solver_comparison", {}).items():
+        bad = [n for n in (cand, base) if n not in grid["assignments"]]
+        if bad or cand == base:
+            raise ConfigError(f"grid.solver_comparison.{cand}: {base!r}: "
+                              + (f"{bad} not in grid.assignments ({', '.join(grid['assignments'])})" if bad
+                                 else "a variant cannot be its own baseline"))
+        other = sorted(set(grid.get("train_overrides", {}).get(cand, {})) - set(SOLVER_TRAIN_KEYS))
+        if other:
+            raise ConfigError(f"grid.solver_comparison.{cand}: its grid.train_overrides may change the inner "
+                              f"solver only ({', '.join(SOLVER_TRAIN_KEYS)}), not {other}")
 
 
 def run_config(cfg: dict, assignment: str) -> dict:

@@ -17,6 +17,7 @@ from ..paths import inside
 from ..runs import check_grid
 from .ledger import build_ledger, write_ledger
 from .load import ReportError, load_runs
+from .solver_training import solver_training_report
 from .studies import load_studies, studies_report
 from .training import training_report
 
@@ -27,6 +28,7 @@ def build(cfg: dict, results: Path, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     numbers = training_report(cfg, runs, out)
     studies_report(studies, out)
+    solver_training_report(cfg, runs, studies, out)
     write_ledger(build_ledger(cfg, numbers["results"], runs, studies), out)
     return out
 

@@ -356,7 +356,8 @@ def training_report(cfg: dict, runs, out: Path) -> dict:
     """Write every training figure and table; return numbers the ledger needs."""
     style.apply()
     out.mkdir(parents=True, exist_ok=True)
-    variants = base_variants(runs)
+    # a solver comparison's candidate repeats its baseline's assignment: it has its own figure
+    variants = [v for v in base_variants(runs) if v not in cfg["grid"]["solver_comparison"]]
     fig_assignments(cfg, out, variants)
     fig_val_loss(runs, out, variants, "fig5_val_loss", "Validation loss")
     pairs = ablation_pairs(runs)
