@@ -1,8 +1,9 @@
 import pytest
 import torch
 
-from mwm.dual_ascent import choose_method, dual_ascent, manifold_muon_update
+from mwm.dual_ascent import dual_ascent, manifold_muon_update
 from mwm.manifolds import get_manifold
+from mwm.msign import choose_order
 
 
 def pair(m, n, name="stiefel", batch=(), seed=0):
@@ -67,12 +68,12 @@ def test_tolerance_stops_early():
 
 
 def test_auto_order_depends_on_shape():
-    assert choose_method(3072, 768) == "gram"
-    assert choose_method(2304, 768) == "gram"
-    assert choose_method(768, 768) == "direct"  # square: the Gram order saves nothing
-    assert choose_method(1152, 768) == "direct"  # m < 2n
-    assert choose_method(128, 64) == "direct"  # small: bound by call overhead, not flops
-    assert choose_method(256, 64) == "gram"
+    assert choose_order(3072, 768) == "gram"
+    assert choose_order(2304, 768) == "gram"
+    assert choose_order(768, 768) == "direct"  # square: the Gram order saves nothing
+    assert choose_order(1152, 768) == "direct"  # m < 2n
+    assert choose_order(128, 64) == "direct"  # small: bound by call overhead, not flops
+    assert choose_order(256, 64) == "gram"
 
 
 def _ill_conditioned_momentum(m, n, g):

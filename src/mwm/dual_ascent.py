@@ -30,7 +30,7 @@ Two evaluation orders give the same numbers (up to float32 rounding):
     run on ``X^T X`` and give ``Q_2``, and ``W^T A = (W^T M) Q_1 Q_2`` without
     ``A``. ``A = X Q_2`` itself is only formed at the end and at snapshots.
 
-``method="auto"`` picks per shape (:func:`choose_method`).
+``method="auto"`` picks per shape (:func:`mwm.msign.choose_order`).
 
 ``precision="bfloat16"`` runs msign as the released code (bfloat16 Polar
 Express, emulated, see :mod:`mwm.msign`) and everything else in float32, as
@@ -48,7 +48,7 @@ from .manifolds import Manifold, get_manifold, rms, to_tall
 from .msign import (DEFAULT_STEPS, GRAM_RESTART, check_precision, choose_order, frobenius_scale, msign,
                     polar_express_gram)
 
-__all__ = ["DualAscentResult", "MixedProjector", "dual_ascent", "manifold_muon_update", "choose_method"]
+__all__ = ["DualAscentResult", "MixedProjector", "dual_ascent", "manifold_muon_update"]
 
 METHODS = ("auto", "direct", "gram")
 
@@ -72,14 +72,6 @@ class DualAscentResult:
     iterations: int = 0
     Lambda: torch.Tensor | None = None
     stopped: torch.Tensor | None = None
-
-
-def choose_method(m: int, n: int, msign_steps: int = DEFAULT_STEPS) -> str:
-    """The evaluation order ``auto`` uses for a tall ``m x n`` weight: the rule of
-    :func:`mwm.msign.choose_order` (``msign_steps`` does not enter it). An iteration
-    costs about ``(4 steps + 3) n^3 + 3 m n^2`` in the Gram order against
-    ``steps (2 m n^2 + n^3) + m n^2`` in the direct one."""
-    return choose_order(m, n)
 
 
 class MixedProjector:
@@ -148,9 +140,76 @@ def _check_inputs(W: torch.Tensor, G: torch.Tensor) -> None:
         raise FloatingPointError("gradient has NaN or Inf entries; refusing to compute an update")
 
 
-def _gram_direction(Mx: torch.Tensor, Q: torch.Tensor | None) -> torch.Tensor:
-    """``A`` of the Gram order: the rebuilt iterate times the remaining steps' factor."""
-    return Mx if Q is None else Mx @ Q
+def _once(make):
+    """``make`` as a function that calls it at most once and keeps its value."""
+    kept = []
+
+    def get():
+        if not kept:
+            kept.append(make())
+        return kept[0]
+
+    return get
+
+
+def _direct_order(Wt: torch.Tensor, Gt: torch.Tensor, msign_steps: int, precision: str):
+    """The ``direct`` order: ``step(S)`` forms ``A = msign(G + 2 W S)`` on the ``m x n``
+    matrix and returns ``W^T A`` and ``A`` (the latter as a function, like the Gram order's)."""
+    def step(S):
+        A = msign(torch.add(Gt, Wt @ S, alpha=2.0), steps=msign_steps, method="direct", precision=precision)
+        return Wt.mT @ A, lambda: A
+
+    return step
+
+
+def _gram_order(Wt: torch.Tensor, Gt: torch.Tensor, WtG: torch.Tensor, msign_steps: int):
+    """The ``gram`` order (module doc): ``step(S)`` runs Polar Express on ``M^T M`` with
+    ``M = G + 2 W S`` and returns ``W^T A`` and a function that forms ``A`` (once) on demand."""
+    GtG = Gt.mT @ Gt
+    WtW = Wt.mT @ Wt
+
+    def step(S):
+        DS = WtW @ S
+        E = WtG.mT @ S  # K^T S; its transpose is S K
+        MtM = GtG + 2.0 * (E + E.mT) + 4.0 * (S @ DS)
+        scale = frobenius_scale(MtM.diagonal(dim1=-2, dim2=-1).sum(-1))[..., None, None]
+        Q1 = polar_express_gram(MtM * scale.square(), steps=msign_steps, stop=GRAM_RESTART) * scale
+        WtX = torch.add(WtG, DS, alpha=2.0) @ Q1
+        X = torch.add(Gt, Wt @ S, alpha=2.0) @ Q1  # the restart: the iterate rebuilt from M
+        if msign_steps <= GRAM_RESTART:
+            return WtX, lambda: X
+        Q2 = polar_express_gram(X.mT @ X, steps=msign_steps, start=GRAM_RESTART)
+        return WtX @ Q2, _once(lambda: X @ Q2)
+
+    return step
+
+
+class _Tolerance:
+    """Per-matrix stopping at ``||H||_RMS < tol``: a matrix keeps the direction of the
+    iteration at which it stopped and, from then on, its multiplier."""
+
+    def __init__(self, tol: float, batch: torch.Size, steps: int, device):
+        self.tol = tol
+        self.done = torch.zeros(batch, dtype=torch.bool, device=device)
+        self.stopped = torch.full(batch, steps, dtype=torch.long, device=device)
+        self.A = None
+
+    def update(self, it: int, violation: torch.Tensor, direction) -> bool:
+        """Record the matrices that meet ``tol`` at iteration ``it``; whether all have."""
+        newly = (violation < self.tol) & ~self.done
+        if not bool(newly.any()):
+            return False
+        A = direction()
+        self.A = A.clone() if self.A is None else torch.where(newly[..., None, None], A, self.A)
+        self.stopped = torch.where(newly, it, self.stopped)
+        self.done = self.done | newly
+        return bool(self.done.all())
+
+    def freeze(self, H: torch.Tensor) -> torch.Tensor:
+        """``H`` with the stopped matrices' entries zeroed (their multiplier stays)."""
+        if bool(self.done.any()):
+            H = H * (~self.done)[..., None, None].to(H.dtype)
+        return H
 
 
 @torch.no_grad()
@@ -183,6 +242,9 @@ def dual_ascent(
     multiplier is frozen); the loop ends once every matrix has stopped. Each
     matrix's result is thus independent of the batch it is solved in.
 
+    ``method``: the evaluation order, ``direct``, ``gram`` or ``auto`` (per shape,
+    :func:`mwm.msign.choose_order`).
+
     ``Lambda0``: warm start, a multiplier ``(*batch, n, n)`` in the tall orientation
     (e.g. the previous step's :attr:`DualAscentResult.Lambda`); it is projected onto
     the current constraint, ``P(sym Lambda0)``, and replaces the cold start
@@ -202,17 +264,21 @@ def dual_ascent(
 
     Wt, transposed = to_tall(W.float() if W.dtype in (torch.float16, torch.bfloat16) else W)
     Gt, _ = to_tall(G.to(Wt.dtype))
-    m, n = Wt.shape[-2:]
+    WtG = Wt.mT @ Gt
     if check_precision(precision) == "bfloat16":
         if method == "gram":
             raise ValueError("msign precision bfloat16 runs the released direct order; method 'gram' is float32 only")
         method = "direct"
     if method == "auto":
-        method = choose_method(m, n, msign_steps)
+        method = choose_order(*Wt.shape[-2:])
+    if method == "direct":
+        step = _direct_order(Wt, Gt, msign_steps, precision)
+    else:
+        step = _gram_order(Wt, Gt, WtG, msign_steps)
 
-    WtG = Wt.mT @ Gt
-    # Lambda_0 and every H are symmetric and fixed by P, hence so is Lambda: the loop
-    # uses it as S = P(sym Lambda) directly (the same numbers, bit for bit).
+    # Lambda_0 = -1/4 P(W^T G + G^T W), or the warm start P(sym Lambda0). Lambda_0 and
+    # every H are symmetric and fixed by P, hence so is every Lambda_t: the loop uses it
+    # as S = P(sym Lambda_t) directly (the same numbers, bit for bit).
     if Lambda0 is None:
         Lam = mf.project_(WtG + WtG.mT).mul_(-0.25)
     else:
@@ -221,66 +287,34 @@ def dual_ascent(
                              f"{tuple(WtG.shape)}")
         L0 = Lambda0.to(WtG.dtype)
         Lam = mf.project_((L0 + L0.mT).mul_(0.5))
-    if method == "gram":
-        GtG = Gt.mT @ Gt
-        WtW = Wt.mT @ Wt
 
+    stop = _Tolerance(tol, WtG.shape[:-2], steps, WtG.device) if tol is not None else None
     history = []
     out_snaps: dict[int, torch.Tensor] = {}
-    A = None
-    it = 0
-    done = A_stop = stopped = None
-    if tol is not None:
-        done = torch.zeros(WtG.shape[:-2], dtype=torch.bool, device=WtG.device)
-        stopped = torch.full(WtG.shape[:-2], steps, dtype=torch.long, device=WtG.device)
     for t in range(steps):
-        S = Lam
-        if method == "direct":
-            A = msign(torch.add(Gt, Wt @ S, alpha=2.0), steps=msign_steps, method="direct", precision=precision)
-            X = Wt.mT @ A
-        else:
-            DS = WtW @ S
-            E = WtG.mT @ S  # K^T S; its transpose is S K
-            MtM = GtG + 2.0 * (E + E.mT) + 4.0 * (S @ DS)
-            scale = frobenius_scale(MtM.diagonal(dim1=-2, dim2=-1).sum(-1))[..., None, None]
-            Q = polar_express_gram(MtM * scale.square(), steps=msign_steps, stop=GRAM_RESTART) * scale
-            WtX = torch.add(WtG, DS, alpha=2.0) @ Q
-            Mx = torch.add(Gt, Wt @ S, alpha=2.0) @ Q  # the iterate after the first steps, rebuilt from M
-            if msign_steps > GRAM_RESTART:
-                Q = polar_express_gram(Mx.mT @ Mx, steps=msign_steps, start=GRAM_RESTART)
-                X = WtX @ Q
-            else:
-                Q = None
-                X = WtX
-            A = None
-        H = mf.project_(X + X.mT)
         it = t + 1
+        # A_t = msign(G + 2 W Lambda_t), as W^T A_t and A_t on demand
+        WtA, direction = step(Lam)
+        # H_t = P(W^T A_t + A_t^T W), the tangent violation of A_t
+        H = mf.project_(WtA + WtA.mT)
         if record_violations or tol is not None:
             viol = rms(H)
             if record_violations:
                 history.append(viol)
         if it in snaps:
-            out_snaps[it] = A if A is not None else _gram_direction(Mx, Q)
-        if tol is not None:
-            newly = (viol < tol) & ~done
-            if bool(newly.any()):
-                A_now = A if A is not None else out_snaps.get(it)
-                if A_now is None:
-                    A_now = _gram_direction(Mx, Q)
-                A_stop = A_now.clone() if A_stop is None else torch.where(newly[..., None, None], A_now, A_stop)
-                stopped = torch.where(newly, it, stopped)
-                done = done | newly
-                if bool(done.all()):
-                    break
+            out_snaps[it] = direction()
+        if stop is not None:
+            if stop.update(it, viol, direction):
+                break
+            H = stop.freeze(H)
+        # Lambda_{t+1} = Lambda_t - alpha (1 - t/T) H_t
         step_size = alpha_f * (1.0 - t / steps)
         if isinstance(step_size, torch.Tensor):
             step_size = step_size.to(H.dtype)
-        if done is not None and bool(done.any()):
-            H = H * (~done)[..., None, None].to(H.dtype)  # stopped matrices keep their multiplier
         Lam = Lam - step_size * H
-    if A is None:
-        A = out_snaps[it] if it in out_snaps else _gram_direction(Mx, Q)
-    return _result(A, A_stop, done, stopped, Lam, it, history if record_violations else None, out_snaps, transposed)
+    A_stop, done, stopped = (stop.A, stop.done, stop.stopped) if stop is not None else (None, None, None)
+    return _result(direction(), A_stop, done, stopped, Lam, it, history if record_violations else None, out_snaps,
+                   transposed)
 
 
 def _result(A, A_stop, done, stopped, Lam, iterations, history, snapshots, transposed) -> DualAscentResult:
