@@ -33,6 +33,7 @@ instead of a full SVD of the ``m x n`` matrix.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -136,6 +137,78 @@ def retract_dgram_svd(W: torch.Tensor) -> torch.Tensor:
     return _tall_map(f, W)
 
 
+# -- the per-manifold data ---------------------------------------------------------------
+def _identity(S: torch.Tensor) -> torch.Tensor:
+    return S
+
+
+def _off_diagonal_(S: torch.Tensor) -> torch.Tensor:
+    S.diagonal(dim1=-2, dim2=-1).zero_()
+    return S
+
+
+def _off_diagonal(S: torch.Tensor) -> torch.Tensor:
+    return _off_diagonal_(S.clone())
+
+
+def _diagonal(S: torch.Tensor) -> torch.Tensor:
+    return torch.diag_embed(torch.diagonal(S, dim1=-2, dim2=-1))
+
+
+def _eye(n: int, dtype, device) -> torch.Tensor:
+    return torch.eye(n, dtype=dtype, device=device)
+
+
+def _zeros(n: int, dtype, device) -> torch.Tensor:
+    return torch.zeros(n, n, dtype=dtype, device=device)
+
+
+def _retract_stiefel(T: torch.Tensor, precision: str, kind: str) -> torch.Tensor:
+    return msign(T, precision=precision)
+
+
+def _retract_dgram(T: torch.Tensor, precision: str, kind: str) -> torch.Tensor:
+    return _retract_dgram_paper(T) if kind == "paper" else _retract_dgram_colnorm(T)
+
+
+def _retract_oblique(T: torch.Tensor, precision: str, kind: str) -> torch.Tensor:
+    return T / T.norm(dim=-2, keepdim=True).clamp_min(1e-12)
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """What sets one manifold apart: ``project`` is ``P`` and ``project_`` the same map
+    allowed to overwrite its argument; ``target`` builds ``C``; ``retract`` maps a tall
+    matrix onto the manifold (``precision``: the msign precision, ``kind``: the DGram
+    retraction); ``init`` replaces the retraction at initialization (``None``: the
+    retraction); ``cosine_residual``: the constraint residual is taken on the Gram
+    normalized to cosines; ``tangent_dim(m, n)`` for a tall ``m x n`` weight."""
+
+    project: Callable[[torch.Tensor], torch.Tensor]
+    project_: Callable[[torch.Tensor], torch.Tensor]
+    target: Callable[..., torch.Tensor]
+    retract: Callable[[torch.Tensor, str, str], torch.Tensor]
+    init: Callable[[torch.Tensor], torch.Tensor] | None
+    cosine_residual: bool
+    tangent_dim: Callable[[int, int], int]
+
+
+_SPECS: dict[str, _Spec] = {
+    # P = Id, W^T W = I. Init by the exact polar factor: Polar Express leaves the smallest
+    # singular values of a random square matrix short of 1 (the released code's init is
+    # off Stiefel by ~1e-3 RMS there); the exact factor starts every weight on it.
+    "stiefel": _Spec(_identity, _identity, _eye, _retract_stiefel, polar_exact, False,
+                     lambda m, n: m * n - n * (n + 1) // 2),
+    # P = Off, off(W^T W) = 0; the residual on cosines does not scale with the column norms
+    "dgram": _Spec(_off_diagonal, _off_diagonal_, _zeros, _retract_dgram, None, True,
+                   lambda m, n: m * n - n * (n - 1) // 2),
+    # P = Diag, diag(W^T W) = 1
+    "oblique": _Spec(_diagonal, _diagonal, _eye, _retract_oblique, None, False,
+                     lambda m, n: m * n - n),
+}
+assert tuple(_SPECS) == MANIFOLDS
+
+
 @dataclass(frozen=True)
 class Manifold:
     """One Gram-space manifold; ``retraction`` only matters for DGram."""
@@ -151,52 +224,34 @@ class Manifold:
                 f"unknown DGram retraction {self.retraction!r}; choose one of {', '.join(DGRAM_RETRACTIONS)}"
             )
 
+    @property
+    def _spec(self) -> _Spec:
+        return _SPECS[self.name]
+
     # -- the projector P and the target C ------------------------------------------
     def project(self, S: torch.Tensor) -> torch.Tensor:
         """Apply the self-adjoint projector ``P`` to (a batch of) ``n x n`` matrices."""
-        if self.name == "stiefel":
-            return S
-        if self.name == "dgram":
-            return self.project_(S.clone())
-        return torch.diag_embed(torch.diagonal(S, dim1=-2, dim2=-1))
+        return self._spec.project(S)
 
     def project_(self, S: torch.Tensor) -> torch.Tensor:
         """:meth:`project` that may overwrite ``S`` (Stiefel and DGram do, in place)."""
-        if self.name == "stiefel":
-            return S
-        if self.name == "dgram":
-            S.diagonal(dim1=-2, dim2=-1).zero_()
-            return S
-        return self.project(S)
+        return self._spec.project_(S)
 
     def target(self, n: int, dtype=torch.float32, device=None) -> torch.Tensor:
-        if self.name == "dgram":
-            return torch.zeros(n, n, dtype=dtype, device=device)
-        return torch.eye(n, dtype=dtype, device=device)
+        return self._spec.target(n, dtype, device)
 
     # -- retraction and initialization -----------------------------------------------
     def retract(self, W: torch.Tensor, precision: str = "float32") -> torch.Tensor:
         """Map a matrix (tall or wide, batched) onto the manifold. ``precision`` is
         the msign precision of the Stiefel retraction (the released code's is
         msign, i.e. bfloat16; see :mod:`mwm.msign`); the others are float32."""
-        if self.name == "stiefel":
-            return _tall_map(lambda T: msign(T, precision=precision), W)
-        if self.name == "oblique":
-            return _tall_map(lambda T: T / T.norm(dim=-2, keepdim=True).clamp_min(1e-12), W)
-        f = _retract_dgram_paper if self.retraction == "paper" else _retract_dgram_colnorm
-        return _tall_map(f, W)
+        return _tall_map(lambda T: self._spec.retract(T, precision, self.retraction), W)
 
     def init(self, W: torch.Tensor) -> torch.Tensor:
-        """Put an initial weight on the manifold.
-
-        The retraction, except for Stiefel, where the exact polar factor (SVD) is
-        used: Polar Express leaves the smallest singular values of a random square
-        matrix short of 1 (the released code's init is off Stiefel by ~1e-3 RMS
-        there); the exact factor starts every weight on the manifold.
-        """
-        if self.name == "stiefel":
-            return polar_exact(W)
-        return self.retract(W)
+        """Put an initial weight on the manifold: the retraction, except for Stiefel,
+        where the exact polar factor (SVD) is used (see ``_SPECS``)."""
+        init = self._spec.init
+        return self.retract(W) if init is None else init(W)
 
     # -- diagnostics ------------------------------------------------------------------
     def tangent_violation(self, W: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
@@ -211,7 +266,7 @@ class Manifold:
         (``D^-1 W^T W D^-1``) so the residual does not scale with the column norms."""
         T, _ = to_tall(W)
         gram = T.mT @ T
-        if self.name == "dgram":
+        if self._spec.cosine_residual:
             d = gram.diagonal(dim1=-2, dim2=-1).clamp_min(1e-30).sqrt()
             gram = gram / (d.unsqueeze(-1) * d.unsqueeze(-2))
         n = gram.shape[-1]
@@ -219,12 +274,7 @@ class Manifold:
 
     def tangent_dim(self, m: int, n: int) -> int:
         """Dimension of the tangent space for an ``m x n`` weight (tall orientation)."""
-        m, n = max(m, n), min(m, n)
-        if self.name == "stiefel":
-            return m * n - n * (n + 1) // 2
-        if self.name == "dgram":
-            return m * n - n * (n - 1) // 2
-        return m * n - n
+        return self._spec.tangent_dim(max(m, n), min(m, n))
 
 
 def get_manifold(name: str, retraction: str = "paper") -> Manifold:
