@@ -25,8 +25,8 @@ Two evaluation orders give the same numbers (up to float32 rounding):
     ``D = W^T W`` and ``S = P(sym Lambda)``, the matrix ``M = G + 2 W S`` has
     ``M^T M = C + 2 (K^T S + S K) + 4 S D S`` and ``W^T M = K + 2 D S``. The first
     :data:`~mwm.msign.GRAM_RESTART` steps run on that ``M^T M`` and give ``Q_1``;
-    the iterate ``X = M Q_1`` is then formed once (this restart keeps float32
-    stable on nearly low-rank momentum, see :mod:`mwm.msign`), the remaining steps
+    the iterate ``X = M Q_1`` is then formed once (the restart, see
+    :data:`mwm.msign.GRAM_RESTART`), the remaining steps
     run on ``X^T X`` and give ``Q_2``, and ``W^T A = (W^T M) Q_1 Q_2`` without
     ``A``. ``A = X Q_2`` itself is only formed at the end and at snapshots.
 

@@ -13,15 +13,7 @@ Two evaluation orders give the same numbers up to float32 rounding:
 * ``gram`` works on the ``n x n`` Gram matrix ``R = X^T X`` (:func:`polar_express_gram`
   returns the right factor ``Q`` with ``msign(X) = X Q``; a step costs ``4 n^3``
   whatever ``m`` is) and rebuilds the iterate from the matrix once, after
-  :data:`GRAM_RESTART` steps. Without that restart the order is unstable in
-  float32: a nearly low-rank input has Gram eigenvalues at the rounding level,
-  rounding makes some negative, and the polynomials amplify those by up to
-  ``prod a_k^2 ~ 5e8`` (``||msign||_2 = 700`` on a rank-2 matrix plus noise).
-  The large-``a`` early steps do that amplification; recomputing ``R = X^T X``
-  from ``X_3 = X Q_3`` makes it positive semidefinite again, and the remaining
-  steps (``prod a_k^2 ~ 3e4``) no longer reach O(1). Measured against the direct
-  order on Gaussian, power-law and low-rank-plus-noise inputs (``bench_core.py``
-  prints it): as close as a Gram iteration run entirely in float64.
+  :data:`GRAM_RESTART` steps, which keeps it stable in float32 (why: there).
 
 :func:`polar_exact` is the SVD reference ``U V^T``.
 
@@ -35,8 +27,8 @@ casts op for op. By default it *emulates* bfloat16: every operand is a bfloat16
 value held in float32, each matmul runs in float32 and its result is rounded to
 bfloat16, each elementwise op is computed in float32 and rounded. That is what a
 GPU bfloat16 GEMM does (bf16 operands, float32 accumulation, result rounded to
-bf16), at float32 speed on CPU, where true bfloat16 matmuls are about 13x slower;
-``native=True`` runs real bfloat16 tensors (the test compares the two).
+bf16), on any device; ``native=True`` runs real bfloat16 tensors (the test
+compares the two; timings of both: README, Measured).
 ``precision="float32"`` is the float32 iteration above (a control).
 """
 
@@ -75,7 +67,17 @@ POLAR_EXPRESS_COEFFS: tuple[tuple[float, float, float], ...] = (
 SAFETY = 1.01
 #: Steps used by the Manifold Muon reference code (the last triple repeats).
 DEFAULT_STEPS = 10
-#: The Gram order rebuilds its iterate from the matrix after this many steps.
+#: The Gram order rebuilds its iterate from the matrix after this many steps (here, in
+#: :func:`msign`, and in the dual ascent's Gram order, :mod:`mwm.dual_ascent`).
+#:
+#: Why: run in one go in float32 the Gram order is unstable. A nearly low-rank input
+#: has Gram eigenvalues at the rounding level, rounding makes some negative, and the
+#: polynomials amplify those by up to ``prod a_k^2 ~ 5e8`` (``||msign||_2 = 700`` on a
+#: rank-2 matrix plus noise). The large-``a`` early steps do that amplification;
+#: recomputing ``R = X^T X`` from ``X_3 = X Q_3`` makes it positive semidefinite again,
+#: and the remaining steps (``prod a_k^2 ~ 3e4``) no longer reach O(1). Against the
+#: direct order on Gaussian, power-law and low-rank-plus-noise inputs (``bench_core.py``
+#: prints it) the restarted order is as close as a Gram iteration run entirely in float64.
 GRAM_RESTART = 3
 #: Matrices narrower than this stay in the direct order (see :func:`choose_order`).
 GRAM_MIN_N = 128
@@ -123,7 +125,7 @@ def _work_dtype(G: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
 
 def _tiny(dtype: torch.dtype) -> float:
     # Entries below this are far under the dtype's resolution of O(1) values, yet
-    # their products are subnormal numbers that slow CPU matmuls by 100x once the
+    # their products are subnormal numbers, which slow CPU matmuls down sharply once the
     # iteration has converged (off-diagonal Gram entries decay doubly exponentially).
     return torch.finfo(dtype).tiny ** (1.0 / 3.0)
 
@@ -131,8 +133,8 @@ def _tiny(dtype: torch.dtype) -> float:
 def _flush_tiny(T: torch.Tensor, tiny: float) -> torch.Tensor:
     """``T`` with entries of magnitude at most ``tiny`` set to 0 (NaN and Inf kept).
 
-    One fused call (``hardshrink``): the abs/compare/masked_fill version cost three
-    times a 64 x 64 batched matmul, which made it a quarter of a small model's step.
+    One fused call (``hardshrink``) instead of abs/compare/masked_fill: small
+    matrices are bound by calls, not flops (README, numerics notes).
     """
     return torch.nn.functional.hardshrink(T, tiny)
 
@@ -247,10 +249,9 @@ def choose_order(m: int, n: int) -> str:
 
     A restarted Gram step costs ``4 n^3`` against ``(2 m / n + 1) n^3`` for a direct
     one; below ``m = 2 n`` the restart's extra products eat the saving. Small
-    matrices pay more per call, and the Gram order makes more calls: measured on 2
-    CPU cores (dual ascent, batches of 4-8), Gram / direct speed is 0.96-0.98x at
-    ``n = 64, m = 2n``, 1.06-1.08x at ``m = 3n``, 1.2-1.3x at ``m = 4n``, and
-    1.3-1.9x for ``n >= 128, m = 2n .. 4n``.
+    matrices pay more per call, and the Gram order makes more calls, hence the
+    ``n >= GRAM_MIN_N`` condition at ``m < 3 n`` (the measured speeds behind these
+    thresholds: README, Measured).
     """
     return "gram" if m >= 3 * n or (m >= 2 * n and n >= GRAM_MIN_N) else "direct"
 
@@ -267,7 +268,7 @@ def polar_express_gram(
     table as in :func:`coefficients`; ``stop`` defaults to ``steps``.
 
     Run all steps at once only on well-conditioned ``R`` in float32: the callers
-    split at :data:`GRAM_RESTART` and recompute ``R`` from ``X Q`` in between.
+    split at :data:`GRAM_RESTART` (why: there) and recompute ``R`` from ``X Q`` in between.
 
     Each step with ``y = a I + b R + c R^2`` (a polynomial in ``R``, so it commutes
     with ``R``) maps ``X -> X y``, hence ``Q -> Q y`` and ``R -> y R y = R y^2``.
