@@ -271,10 +271,6 @@ def dual_ascent(
         method = "direct"
     if method == "auto":
         method = choose_order(*Wt.shape[-2:])
-    if method == "direct":
-        step = _direct_order(Wt, Gt, msign_steps, precision)
-    else:
-        step = _gram_order(Wt, Gt, WtG, msign_steps)
 
     # Lambda_0 = -1/4 P(W^T G + G^T W), or the warm start P(sym Lambda0). Lambda_0 and
     # every H are symmetric and fixed by P, hence so is every Lambda_t: the loop uses it
@@ -288,6 +284,11 @@ def dual_ascent(
         L0 = Lambda0.to(WtG.dtype)
         Lam = mf.project_((L0 + L0.mT).mul_(0.5))
 
+    # the evaluation order: one step(S) per iteration
+    if method == "direct":
+        step = _direct_order(Wt, Gt, msign_steps, precision)
+    else:
+        step = _gram_order(Wt, Gt, WtG, msign_steps)
     stop = _Tolerance(tol, WtG.shape[:-2], steps, WtG.device) if tol is not None else None
     history = []
     out_snaps: dict[int, torch.Tensor] = {}
