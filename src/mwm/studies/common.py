@@ -28,7 +28,6 @@ __all__ = [
     "pair_seed",
     "random_pairs",
     "chunks",
-    "atomic_write_text",
     "write_csv",
     "write_json",
     "read_csv",
