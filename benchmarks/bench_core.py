@@ -16,9 +16,9 @@ import time
 import torch
 from torch import nn
 
-from mwm.assignments import NAMED_ASSIGNMENTS
 from mwm.dual_ascent import dual_ascent
 from mwm.manifolds import get_manifold, retract_dgram_svd
+from mwm.names import NAMED_ASSIGNMENTS
 from mwm.optim import ManifoldMuon
 
 from released_path import released_step

@@ -15,8 +15,9 @@ import time
 
 import torch
 
-from mwm.assignments import PAPER_ASSIGNMENTS, build_optimizers
+from mwm.assignments import build_optimizers
 from mwm.model import GPT, GPTConfig
+from mwm.names import PAPER_ASSIGNMENTS
 
 from released_path import ReleasedMuon
 

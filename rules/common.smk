@@ -7,6 +7,7 @@ from snakemake.exceptions import WorkflowError
 from mwm.config import ConfigError, load_config
 from mwm.data import dataset_dir
 from mwm.launch import ranks_per_run
+from mwm.names import UNCONSTRAINED
 from mwm.paths import inside
 from mwm.runs import RUN_FILES, check_grid, grid_variants
 
@@ -51,7 +52,7 @@ except ConfigError as exc:
     raise WorkflowError(str(exc))
 DATA = str(dataset_dir(CFG["data"]))
 DATA_FILES = [f"{DATA}/train.bin", f"{DATA}/val.bin", f"{DATA}/meta.json"]
-VARIANTS = grid_variants(CFG["grid"])
+RUN_VARIANTS = grid_variants(CFG["grid"])  # every trained variant (mwm.names.variant_name)
 SEEDS = CFG["grid"]["seeds"]
 RUNS = f"results/runs/{NAME}"
 STUDIES = f"results/studies/{NAME}"
@@ -96,7 +97,7 @@ def run_files(variant="{variant}", seed="{seed}"):
 
 
 def all_runs():
-    return [f"{RUNS}/{v}/seed{s}/{f}" for v in VARIANTS for s in SEEDS for f in (*RUN_FILES, "spectra")]
+    return [f"{RUNS}/{v}/seed{s}/{f}" for v in RUN_VARIANTS for s in SEEDS for f in (*RUN_FILES, "spectra")]
 
 
 wildcard_constraints:
@@ -107,7 +108,7 @@ wildcard_constraints:
 def probe_run(prefer):
     """(variant, seed) of the first grid assignment in ``prefer`` (else the first that
     uses a manifold) at the first seed, or None: its data feeds the studies."""
-    constrained = [v for v in CFG["grid"]["assignments"] if v not in ("none", "adamw")]
+    constrained = [v for v in CFG["grid"]["assignments"] if v not in UNCONSTRAINED]
     for v in [p for p in prefer if p in constrained] + constrained:
         return v, SEEDS[0]
     return None
@@ -120,7 +121,7 @@ def pairs_input(wildcards):
     if CFG["train"]["capture_pairs_step"] is None:
         return []
     prefer = ("hetero", "hetero-inv", "stiefel", "dgram")
-    constrained = [v for v in CFG["grid"]["assignments"] if v not in ("none", "adamw")]
+    constrained = [v for v in CFG["grid"]["assignments"] if v not in UNCONSTRAINED]
     order = list(dict.fromkeys([p for p in prefer if p in constrained] + constrained))
     return [f"{RUNS}/{v}/seed{SEEDS[0]}/pairs.npz" for v in order]
 

@@ -4,10 +4,11 @@ import pytest
 import torch
 from torch import nn
 
-from mwm.assignments import NAMED_ASSIGNMENTS, build_optimizers, resolve_assignment
+from mwm.assignments import build_optimizers, resolve_assignment
 from mwm.dual_ascent import manifold_muon_update
 from mwm.manifolds import get_manifold
 from mwm.msign import msign
+from mwm.names import NAMED_ASSIGNMENTS
 from mwm import optim as optim_mod
 from mwm.optim import ManifoldMuon
 

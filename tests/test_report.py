@@ -11,6 +11,7 @@ import fakedata
 from mwm.config import load_config
 from mwm.report.__main__ import build, main
 from mwm import paper
+from mwm.names import PAPER_ASSIGNMENTS
 from mwm.report.ledger import VERDICTS
 from mwm.report.load import ReportError
 from mwm.train import train
@@ -26,7 +27,7 @@ STUDIES = {
                "logit_bound": {"d": 16, "d_k": 4, "heads": 4, "tokens": 8},
                "tangent": {"shapes": [[16, 48]], "modules": ["attn"], "layers": 1}},
 }
-VARIANTS = ["none", "stiefel", "dgram", "hetero", "hetero-inv"]
+ASSIGNMENTS = list(PAPER_ASSIGNMENTS)
 
 
 @pytest.fixture(scope="module")
@@ -34,14 +35,15 @@ def results(tmp_path_factory):
     root = tmp_path_factory.mktemp("report")
     cfg_dict = yaml.safe_load(yaml.safe_dump(fakedata.TINY))
     cfg_dict["train"].update(max_iters=6, lr_decay_iters=6, eval_interval=3, dual_ascent_steps=2)
-    cfg_dict["grid"] = {"assignments": VARIANTS, "seeds": [0, 1], "retraction_ablation": True}
+    cfg_dict["grid"] = {"assignments": ASSIGNMENTS, "seeds": [0, 1], "retraction_ablation": True}
     cfg_dict["studies"] = STUDIES
     path = root / "tiny.yaml"
     path.write_text(yaml.safe_dump(cfg_dict))
     cfg = load_config(path)
     mp = pytest.MonkeyPatch()
     mp.setattr("mwm.train.resolve_data", lambda c: fakedata.FakeData())
-    from mwm.runs import grid_variants, parse_variant
+    from mwm.names import parse_variant
+    from mwm.runs import grid_variants
 
     for v in grid_variants(cfg["grid"]):
         a, r = parse_variant(v)
@@ -75,7 +77,7 @@ def test_every_file_is_produced_and_tables_have_rows(results):
         for ext in ("csv", "md", "tex"):
             assert (out / f"{stem}.{ext}").exists(), stem
     t4 = pd.read_csv(out / "table4_results.csv")
-    assert list(t4.variant) == VARIANTS + ["dgram-colnorm", "hetero-colnorm", "hetero-inv-colnorm"]
+    assert list(t4.variant) == ASSIGNMENTS + ["dgram-colnorm", "hetero-colnorm", "hetero-inv-colnorm"]
     assert (t4.seeds == 2).all()
     assert t4.set_index("variant").loc["dgram", "status"] == "Unstable"
     assert t4.set_index("variant").loc["dgram", "onset_steps"] == "3, 6"

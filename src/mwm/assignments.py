@@ -5,19 +5,8 @@ The hidden matrices are the 2-D weights of ``attn.c_attn``, ``attn.c_proj``
 else (embeddings, the tied LM head, LayerNorm gains, biases) goes to AdamW, as
 in the paper's code.
 
-Named assignments (Table 3 of the paper, plus two extras):
-
-============  ==========  ========
-name          attention   MLP
-============  ==========  ========
-none          none        none       (plain Muon everywhere)
-stiefel       stiefel     stiefel
-dgram         dgram       dgram
-hetero        stiefel     dgram
-hetero-inv    dgram       stiefel
-oblique       oblique     oblique
-adamw         --          --         (AdamW on every parameter)
-============  ==========  ========
+Named assignments: :data:`mwm.names.NAMED_ASSIGNMENTS` (Table 3 of the paper, plus
+``oblique`` and ``adamw``).
 
 A user mapping is an ordered ``{glob pattern: manifold}`` dict matched against
 the full parameter names of the hidden matrices (first match wins; unmatched
@@ -33,36 +22,15 @@ from typing import Mapping
 
 import torch
 
+from .names import ADAMW, ATTN_KEYS, MLP_KEYS, NAMED_ASSIGNMENTS
 from .optim import MUON_MANIFOLDS, ManifoldMuon
 
 __all__ = [
-    "NAMED_ASSIGNMENTS",
-    "PAPER_ASSIGNMENTS",
-    "ATTN_KEYS",
-    "MLP_KEYS",
     "module_kind",
     "resolve_assignment",
     "Optimizers",
     "build_optimizers",
 ]
-
-ATTN_KEYS = ("attn.c_attn", "attn.c_proj")
-MLP_KEYS = ("mlp.c_fc", "mlp.c_proj")
-
-#: name -> (attention manifold, MLP manifold); ``None`` means AdamW only.
-NAMED_ASSIGNMENTS: dict[str, tuple[str, str] | None] = {
-    "none": ("none", "none"),
-    "stiefel": ("stiefel", "stiefel"),
-    "dgram": ("dgram", "dgram"),
-    "hetero": ("stiefel", "dgram"),
-    "hetero-inv": ("dgram", "stiefel"),
-    "oblique": ("oblique", "oblique"),
-    "adamw": None,
-}
-#: The five assignments the paper trains (Table 3).
-PAPER_ASSIGNMENTS = ("none", "stiefel", "dgram", "hetero", "hetero-inv")
-
-ADAMW = "adamw"
 
 
 def module_kind(name: str, p: torch.Tensor) -> str | None:

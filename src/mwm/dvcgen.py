@@ -40,6 +40,8 @@ from pathlib import Path
 
 import yaml
 
+from .io import atomic_write_text
+
 __all__ = ["Job", "snakemake_jobs", "build", "render", "generate", "check", "sync", "main"]
 
 DVC_YAML = "dvc.yaml"
@@ -325,10 +327,7 @@ def write(texts: dict[Path, str]) -> None:
                 path.parent.rmdir()
             print(f"removed {path}")
     for path, text in texts.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        atomic_write_text(path, text)
         print(f"wrote {path}: {len(text.splitlines())} lines")
 
 

@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 __all__ = ["VERDICTS", "NC", "TOO_FEW", "Rule", "Claim", "CLAIMS", "claim", "judge", "alpha_numbers",
-           "paper_fit_alpha", "GELU_BOUND", "ALPHA_FIT", "LOSSES", "ONSETS"]
+           "paper_fit_alpha", "paper_fit_label", "GELU_BOUND", "ALPHA_FIT", "LOSSES", "LOSS_ORDER", "ONSETS",
+           "STABLE_UNTIL", "COSTS", "SIGMA_STEPS", "ABSORB_EA", "ABSORB_EW_MAX"]
 
 NC = "not comparable at this scale"
 TOO_FEW = "too few seeds"
@@ -41,12 +42,23 @@ VERDICTS = ("reproduced", "not reproduced", TOO_FEW, NC, "contradicted by an aud
 
 #: Section 2: alpha_opt(n) ~ 0.003 n^0.67 over n >= 32, r^2 = 0.74.
 ALPHA_FIT = {"prefactor": 0.003, "exponent": 0.67, "r2": 0.74, "min_n": 32}
+#: Section 3, Table 2 (Stiefel, T = 20): the range of e_A, and the bound on e_W ("under 1%").
+ABSORB_EA = (0.08, 0.16)
+ABSORB_EW_MAX = 0.01
 #: Section 4, Table 4: final validation losses.
 LOSSES = {"hetero": 3.3544, "stiefel": 3.3679, "none": 3.3855}
+#: Section 4, Table 4: their stated order, best first.
+LOSS_ORDER = ("hetero", "stiefel", "none")
+#: Section 4, Table 4: per-step cost relative to Unconstrained (H100).
+COSTS = {"stiefel": 5.8, "hetero": 8.3, "dgram": 13.6}
 #: Section 4: the length of every training run (steps).
 STEPS = 50000
 #: Section 4: steps where All DGram / Hetero-inv first spike.
 ONSETS = {"dgram": 16000, "hetero-inv": 20000}
+#: Section 4: All DGram trains normally until about this step.
+STABLE_UNTIL = 15000
+#: Section 6: the steps at which the paper reads DGram attention sigma_max (30-50, then 50-100).
+SIGMA_STEPS = (16000, 20000)
 #: Section 5: the stated bound on the GELU derivative.
 GELU_BOUND = 1.08
 
@@ -54,6 +66,11 @@ GELU_BOUND = 1.08
 def paper_fit_alpha(n: float) -> float:
     """The paper's own fit ``0.003 n^0.67`` at ``n``."""
     return ALPHA_FIT["prefactor"] * n ** ALPHA_FIT["exponent"]
+
+
+def paper_fit_label() -> str:
+    """The paper's fit as text, ``0.003n^0.67``."""
+    return f"{ALPHA_FIT['prefactor']:g}n^{ALPHA_FIT['exponent']:g}"
 
 
 @dataclass(frozen=True)
@@ -144,12 +161,12 @@ CLAIMS: tuple[Claim, ...] = (
     # --- Section 3: absorption --------------------------------------------------------------------
     Claim("absorb.eA", "e_A(20) across sizes (Stiefel, seed means, n >= 32)", "3", "8-16%",
           _w(0.06, 0.20, "every size in 6-20% (the paper's range widened by 25% at each end)",
-             needs="absorption-protocol"), _ABS, (0.08, 0.16)),
+             needs="absorption-protocol"), _ABS, ABSORB_EA),
     Claim("absorb.eA_nonmonotone", "e_A(T) rises in the first iterations and decreases from about T = 30: "
           "T of the largest e_A (median over sizes)", "3", "rises, peak before ~30",
           _w(10, 50, "peak at T in 10..50 (after the first snapshot, T = 5)", needs="absorption-protocol"), _ABS, 30),
     Claim("absorb.eW", "e_W(20) across sizes (Stiefel, seed means, n >= 32)", "3", "about 0.7%, under 1%",
-          _w(0.0, 0.01, "every size below 1%", needs="absorption-protocol"), _ABS, 0.007),
+          _w(0.0, ABSORB_EW_MAX, "every size below 1%", needs="absorption-protocol"), _ABS, 0.007),
     Claim("absorb.compression", "compression e_A / e_W at T = 20 (the number)", "3", "12-16x",
           _w(9.0, 20.0, "every size in 9-20x (the paper's range widened by 25%)", needs="absorption-protocol"), _ABS,
           (12.0, 16.0)),
@@ -163,10 +180,10 @@ CLAIMS: tuple[Claim, ...] = (
     *(Claim(f"loss.{v}", f"final val loss, {v}", "4 (Table 4)", f"{p}",
             _w(p - 0.03, p + 0.03, "within 0.03 nats", needs="paper"), _P, p) for v, p in LOSSES.items()),
     Claim("loss.order", "Hetero < All Stiefel < Unconstrained (final val loss)", "4 (Table 4)",
-          " < ".join(f"{LOSSES[v]}" for v in ("hetero", "stiefel", "none")),
+          " < ".join(f"{LOSSES[v]}" for v in LOSS_ORDER),
           Rule("order", min_seeds=3, text="each adjacent gap of seed means larger than the seed spread "
                "(max - min) of both conditions; unresolved -> too few seeds"), "the config with >= 3 seeds",
-          ("hetero", "stiefel", "none")),
+          LOSS_ORDER),
     *(Claim(f"instability.{v}", f"{v} becomes unstable: onset step", "4",
             f"~{o}", _w(0.75 * o, 1.25 * o, f"onset within 25% of {o}", needs="paper"), _P, o)
       for v, o in ONSETS.items()),
@@ -180,7 +197,7 @@ CLAIMS: tuple[Claim, ...] = (
           _w(22500, 27500, "within 10% of 25000", needs="paper"), _P, 25000),
     *(Claim(f"cost.{v}", f"per-step cost of {v} relative to Unconstrained", "4 (Table 4)", f"{p}x (H100)",
             _factor(p, 1.5, needs="paper"), _P + " on an H100", p)
-      for v, p in (("stiefel", 5.8), ("hetero", 8.3), ("dgram", 13.6))),
+      for v, p in COSTS.items()),
     Claim("params.adamw_share", "AdamW runs on roughly 40% of GPT-2 small's parameters", "4", "~40%",
           _w(0.35, 0.45, "35-45% (+-5 points)"), "(computed from GPT-2 small's shapes)", 0.40),
     # --- Section 5: theory ------------------------------------------------------------------------------
@@ -209,9 +226,9 @@ CLAIMS: tuple[Claim, ...] = (
           "4 -> 2", _w(1.0, 3.0, "end value 1-3", needs="paper"), _P, (4.0, 2.0)),
     Claim("spectral.dgram_mlp", "DGram MLP sigma_max levels off at (Hetero / All DGram)", "6", "7.5 / 18",
           _w(3.75, 36.0, "between half the smaller and twice the larger", needs="paper"), _P, (7.5, 18.0)),
-    Claim("spectral.dgram_16k", "DGram attention sigma_max at step 16000", "6", "30-50",
+    Claim("spectral.dgram_16k", f"DGram attention sigma_max at step {SIGMA_STEPS[0]}", "6", "30-50",
           _w(24.0, 62.5, "30-50 widened by 25%", needs="paper"), _P, (30.0, 50.0)),
-    Claim("spectral.dgram_20k", "DGram attention sigma_max at step 20000", "6", "50-100",
+    Claim("spectral.dgram_20k", f"DGram attention sigma_max at step {SIGMA_STEPS[1]}", "6", "50-100",
           _w(40.0, 125.0, "50-100 widened by 25%", needs="paper"), _P, (50.0, 100.0)),
     Claim("spectral.bound_16k_20k", "30-50 at 16k and 50-100 at 20k are consistent with the growth bound "
           "sigma_0 + sum of eta", "6", "30-50, 50-100",
@@ -235,9 +252,9 @@ CLAIMS: tuple[Claim, ...] = (
           "lower", _w(0.0, 0.8, "<= 0.8x Stiefel's", needs="long"), _L),
     Claim("long.jacobian", "DGram shrinks the softmax Jacobian: mean ||J||_F, DGram / Stiefel at the end", "5",
           "vanishes", _w(0.0, 0.5, "<= 0.5x Stiefel's", needs="long"), _L),
-    Claim("long.stable_before_onset", "All DGram trains normally until ~15000 steps (first unstable step "
-          "in the long run, none = stable)", "4", "stable before ~15000",
-          Rule("audit", text="no DGram-attention run unstable before step 15000", needs="long"), _L),
+    Claim("long.stable_before_onset", f"All DGram trains normally until ~{STABLE_UNTIL} steps (first unstable step "
+          "in the long run, none = stable)", "4", f"stable before ~{STABLE_UNTIL}",
+          Rule("audit", text=f"no DGram-attention run unstable before step {STABLE_UNTIL}", needs="long"), _L),
 )
 
 _BY_ID = {c.id: c for c in CLAIMS}

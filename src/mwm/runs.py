@@ -10,8 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["RUN_FILES", "variant_name", "parse_variant", "run_dir", "checkpoint_dir", "grid_variants",
-           "uses_dgram", "assignment_spec", "check_grid", "run_config"]
+# the variant helpers live in mwm.names (torch-free); mwm.train imports them from here
+from .names import COLNORM_SUFFIX, NAMED_ASSIGNMENTS, is_colnorm, parse_variant, uses_dgram, variant_name
+
+__all__ = ["RUN_FILES", "run_dir", "checkpoint_dir", "grid_variants", "assignment_spec", "check_grid",
+           "run_config"]
 
 #: The train settings of the inner solver: all a ``grid.solver_comparison`` candidate may change.
 SOLVER_TRAIN_KEYS = ("solver", "warm_start", "solver_max_steps", "solver_tol", "admm_rho", "dual_ascent_steps",
@@ -21,15 +24,8 @@ SOLVER_TRAIN_KEYS = ("solver", "warm_start", "solver_max_steps", "solver_tol", "
 RUN_FILES = ("summary.json", "metrics.csv", "eval.csv", "spectral.csv", "attention.csv")
 
 
-def uses_dgram(assignment: str, custom: dict | None = None) -> bool:
-    if custom and assignment in custom:
-        return "dgram" in custom[assignment].values()
-    return assignment in ("dgram", "hetero", "hetero-inv")
-
-
 def assignment_spec(grid: dict, name: str):
     """The assignment a grid name stands for: a named one, or a custom pattern mapping."""
-    from .assignments import NAMED_ASSIGNMENTS
     from .config import ConfigError
 
     custom = grid.get("custom", {})
@@ -45,15 +41,14 @@ def assignment_spec(grid: dict, name: str):
 
 def check_grid(grid: dict) -> None:
     """Raise ConfigError for grid names that are neither named nor custom, or clash."""
-    from .assignments import NAMED_ASSIGNMENTS
     from .config import ConfigError
 
     clash = sorted(set(grid.get("custom", {})) & set(NAMED_ASSIGNMENTS))
     if clash:
         raise ConfigError(f"grid.custom redefines the named assignment(s) {clash}")
-    bad = [c for c in grid.get("custom", {}) if c.endswith("-colnorm")]
+    bad = [c for c in grid.get("custom", {}) if is_colnorm(c)]
     if bad:
-        raise ConfigError(f"grid.custom names may not end in -colnorm (reserved for the ablation): {bad}")
+        raise ConfigError(f"grid.custom names may not end in {COLNORM_SUFFIX} (reserved for the ablation): {bad}")
     for name in grid["assignments"]:
         assignment_spec(grid, name)
     extra = sorted(set(grid.get("train_overrides", {})) - set(grid["assignments"]))
@@ -92,19 +87,6 @@ def run_config(cfg: dict, assignment: str) -> dict:
         return validate(out, source=f"config {cfg['name']!r} with grid.train_overrides.{assignment}")
     except ConfigError as exc:
         raise ConfigError(str(exc).replace("  train.", f"  grid.train_overrides.{assignment} -> train.")) from exc
-
-
-def variant_name(assignment: str, retraction: str = "paper", custom: dict | None = None) -> str:
-    if retraction == "paper" or not uses_dgram(assignment, custom):
-        return assignment
-    return f"{assignment}-{retraction}"
-
-
-def parse_variant(variant: str) -> tuple[str, str]:
-    """Inverse of :func:`variant_name`: ``(assignment, retraction)``."""
-    if variant.endswith("-colnorm"):
-        return variant[: -len("-colnorm")], "colnorm"
-    return variant, "paper"
 
 
 def run_dir(root: str | Path, config_name: str, variant: str, seed: int) -> Path:

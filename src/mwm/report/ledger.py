@@ -282,10 +282,11 @@ def _audit_entries(L: _Ledger, st: dict) -> None:
           f"{g['eta_sum']:.4g})", bool(g["sigma_max_can_reach_threshold"]), source="studies.audits (paper schedule)",
           note="sigma_max grows by at most eta a step; only sigma^2 (Gram diagonal) could pass 1e5")
     at = g.get("bound_after_steps") or {}
-    if at.get("16000") is not None and at.get("20000") is not None:
+    s16, s20 = (str(s) for s in paper.SIGMA_STEPS)
+    if at.get(s16) is not None and at.get(s20) is not None:
         hi16, hi20 = paper.claim("spectral.bound_16k_20k").value
-        L.add("spectral.bound_16k_20k", f"bound {at['16000']:.1f} at 16k, {at['20000']:.1f} at 20k",
-              hi16 <= at["16000"] and hi20 <= at["20000"], source="studies.audits (paper schedule)")
+        L.add("spectral.bound_16k_20k", f"bound {at[s16]:.1f} at {int(s16) // 1000}k, {at[s20]:.1f} at "
+              f"{int(s20) // 1000}k", hi16 <= at[s16] and hi20 <= at[s20], source="studies.audits (paper schedule)")
     sh = au.get("adamw_share")
     if sh:
         L.add("params.adamw_share", f"{100 * sh['share']:.1f}% (tied head; {100 * sh['untied_head_share']:.1f}% "
@@ -326,8 +327,8 @@ def _training_entries(L: _Ledger, results: pd.DataFrame, runs, cfg: dict) -> Non
         if v in res.index:
             got = float(res.loc[v, "final_val_mean"])
             L.add(f"loss.{v}", f"{got:.4f}", got, seeds=nseeds, source=src)
-    if {"hetero", "stiefel", "none"} <= set(res.index):
-        losses = {v: _final_losses(runs, v) for v in ("hetero", "stiefel", "none")}
+    if set(paper.LOSS_ORDER) <= set(res.index):
+        losses = {v: _final_losses(runs, v) for v in paper.LOSS_ORDER}
         txt = " < ".join(f"{k} {np.mean(losses[k]):.4f}" for k in sorted(losses, key=lambda k: np.mean(losses[k])))
         spread = ", ".join(f"{k} spread {max(x) - min(x):.4f}" for k, x in losses.items())
         L.add("loss.order", txt, losses, seeds=min(len(x) for x in losses.values()), source=src, note=spread)
@@ -341,7 +342,7 @@ def _training_entries(L: _Ledger, results: pd.DataFrame, runs, cfg: dict) -> Non
             L.add(f"instability.{v}", f"{status}" + (f", onset {onsets}" if unstable else ""), x, seeds=nseeds,
                   source=src, reason=f"stable over {cfg['train']['max_iters']} steps")
     _instability_shapes(L, runs, nseeds)
-    for v in ("stiefel", "hetero", "dgram"):
+    for v in paper.COSTS:
         if v in res.index and res.loc[v, "cost_vs_none"] is not None:
             c = float(res.loc[v, "cost_vs_none"])
             L.add(f"cost.{v}", f"{c:.1f}x ({runs[next(iter(runs))].summary['device']})", c, seeds=nseeds, source=src)
@@ -354,7 +355,7 @@ def _training_entries(L: _Ledger, results: pd.DataFrame, runs, cfg: dict) -> Non
             L.add(cid, f"{got:.3g}", got, seeds=nseeds, source=sp_src)
     dg = [r for (vv, _), r in sorted(runs.items()) if vv == "dgram"]
     if dg:
-        for cid, step in (("spectral.dgram_16k", 16000), ("spectral.dgram_20k", 20000)):
+        for cid, step in zip(("spectral.dgram_16k", "spectral.dgram_20k"), paper.SIGMA_STEPS):
             vals = [float(_sigma(r, "attn", attn).get(step, np.nan)) for r in dg]
             vals = [x for x in vals if math.isfinite(x)]
             L.add(cid, fmt(np.mean(vals)) if vals else "--", float(np.mean(vals)) if vals else None, seeds=nseeds,
@@ -432,7 +433,7 @@ def _long_entries(L: _Ledger, runs, cfg: dict, growth_bound, nseeds: int) -> Non
     first = min(early) if early else None
     if any(vv in ("dgram", "hetero-inv") for vv, _ in runs):
         L.add("long.stable_before_onset", "stable" if first is None else f"unstable from step {first}",
-              first is None or first >= 15000, seeds=nseeds, source=src)
+              first is None or first >= paper.STABLE_UNTIL, seeds=nseeds, source=src)
 
 
 def build_ledger(cfg: dict, results: pd.DataFrame, runs, studies: dict) -> pd.DataFrame:

@@ -10,6 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from ..io import atomic_write  # noqa: E402
+from ..names import is_colnorm, parse_variant  # noqa: E402
 
 #: Column width of a two-column paper, inches.
 COLUMN = 3.4
@@ -34,19 +35,18 @@ def apply() -> None:
 
 
 def color(variant: str) -> str:
-    base = variant[: -len("-colnorm")] if variant.endswith("-colnorm") else variant
-    return ASSIGNMENT_COLORS.get(base, "#444444")
+    return ASSIGNMENT_COLORS.get(parse_variant(variant)[0], "#444444")
 
 
 def label(variant: str) -> str:
-    if variant.endswith("-colnorm"):
-        base = variant[: -len("-colnorm")]
+    if is_colnorm(variant):
+        base = parse_variant(variant)[0]
         return f"{ASSIGNMENT_LABELS.get(base, base)} (colnorm)"
     return ASSIGNMENT_LABELS.get(variant, variant)
 
 
 def linestyle(variant: str) -> str:
-    return "--" if variant.endswith("-colnorm") else "-"
+    return "--" if is_colnorm(variant) else "-"
 
 
 def widths(n: int) -> list[float]:

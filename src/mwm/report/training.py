@@ -13,11 +13,12 @@ from matplotlib.patches import FancyBboxPatch
 from PIL import Image
 
 from .. import paper
-from ..assignments import NAMED_ASSIGNMENTS, resolve_assignment
+from ..assignments import resolve_assignment
 from ..io import atomic_write
 from ..manifolds import get_manifold
 from ..model import GPT, GPTConfig
-from ..runs import assignment_spec, parse_variant
+from ..names import ADAMW, NAMED_ASSIGNMENTS, PAPER_ASSIGNMENTS, UNCONSTRAINED, is_colnorm, parse_variant
+from ..runs import assignment_spec
 from ..schedule import muon_lr_series
 from . import style
 from .load import RunData, load_spectrum, spectra_steps
@@ -31,13 +32,13 @@ MLP_MATS = ("c_fc", "c_proj")
 
 
 def base_variants(runs) -> list[str]:
-    return list(dict.fromkeys(v for v, _ in runs if not v.endswith("-colnorm")))
+    return list(dict.fromkeys(v for v, _ in runs if not is_colnorm(v)))
 
 
 def ablation_pairs(runs) -> list[tuple[str, str]]:
     vs = {v for v, _ in runs}
-    return [(v[: -len("-colnorm")], v) for v in dict.fromkeys(v for v, _ in runs) if v.endswith("-colnorm")
-            and v[: -len("-colnorm")] in vs]
+    return [(parse_variant(v)[0], v) for v in dict.fromkeys(v for v, _ in runs) if is_colnorm(v)
+            and parse_variant(v)[0] in vs]
 
 
 def seeds_of(runs, variant) -> list[RunData]:
@@ -291,7 +292,7 @@ def table_assignments(cfg: dict, out: Path, variants: list[str]) -> pd.DataFrame
         a, retraction = parse_variant(v)
         spec = assignment_spec(cfg["grid"], a)
         if isinstance(spec, str):
-            pair = NAMED_ASSIGNMENTS[spec] or ("adamw", "adamw")
+            pair = NAMED_ASSIGNMENTS[spec] or (ADAMW, ADAMW)
             attn, mlp = pair
         else:
             attn = mlp = "pattern: " + "; ".join(f"{k}->{m}" for k, m in spec.items())
@@ -340,7 +341,7 @@ def table_expressiveness(cfg: dict, out: Path) -> pd.DataFrame:
         row["dgram - stiefel"] = row["dgram"] - row["stiefel"]
         rows.append(row)
     per_block = {}
-    for a in ("stiefel", "dgram", "hetero", "hetero-inv"):
+    for a in (a for a in PAPER_ASSIGNMENTS if a not in UNCONSTRAINED):
         attn, mlp = NAMED_ASSIGNMENTS[a]
         per_block[a] = sum(get_manifold(attn if k.startswith("attn") else mlp).tangent_dim(*s)
                            for k, s in shapes.items())

@@ -49,7 +49,8 @@ import torch
 from .. import paper
 from ..dual_ascent import dual_ascent
 from ..manifolds import Manifold
-from .common import (VARIANTS, chunks, main_for, random_pairs, resolve_device, run_meta, variant_manifold,
+from ..names import STUDY_MANIFOLDS
+from .common import (chunks, main_for, random_pairs, resolve_device, run_meta, variant_manifold,
                      write_csv, write_json)
 
 __all__ = ["measure_absorption", "load_pairs", "run_absorption", "derive_absorption", "main"]
@@ -170,7 +171,7 @@ def load_pairs(path: str | Path) -> list[dict]:
 
 def pair_variants(file_manifold: str, configured: Sequence[str]) -> list[str]:
     """Variants a pair of ``file_manifold`` is measured with ([] to skip it)."""
-    if file_manifold in VARIANTS:
+    if file_manifold in STUDY_MANIFOLDS:
         return [file_manifold]
     if file_manifold == "dgram":
         return [v for v in configured if v.startswith("dgram-")] or ["dgram-paper"]

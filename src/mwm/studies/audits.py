@@ -41,6 +41,7 @@ import torch
 from .. import paper
 from ..manifolds import get_manifold
 from ..msign import GRAM_RESTART, msign, polar_exact
+from ..names import NAMED_ASSIGNMENTS, STUDY_MANIFOLDS, UNCONSTRAINED
 from ..schedule import muon_lr
 from .common import main_for, pair_seed, read_csv, resolve_device, run_meta, write_csv, write_json
 
@@ -59,7 +60,8 @@ __all__ = [
 SPECTRAL_COLUMNS = ("step", "name", "module", "manifold", "sigma_max")
 #: Manifolds whose retraction keeps sigma_max(W - eta A) an upper bound (plain Muon
 #: with decoupled weight decay too: (1 - lr wd) only shrinks).
-GROWTH_BOUND_APPLIES = {"stiefel", "dgram", "dgram-paper", "dgram-colnorm", "none", "muon"}
+GROWTH_BOUND_APPLIES = {"stiefel", "dgram", *(v for v, (mf, _) in STUDY_MANIFOLDS.items() if mf == "dgram"), "none",
+                        "muon"}
 
 
 # -- 1. softmax Jacobian ------------------------------------------------------------------
@@ -530,9 +532,7 @@ def audit_tangent_dims(sec: dict) -> tuple[list[dict], dict]:
                          "ambient": m * n, "fraction": td / (m * n),
                          "minus_stiefel": td - get_manifold("stiefel").tangent_dim(m, n)})
     totals = {}
-    for assign, (att, mlp) in {"stiefel": ("stiefel", "stiefel"), "dgram": ("dgram", "dgram"),
-                               "hetero": ("stiefel", "dgram"), "hetero-inv": ("dgram", "stiefel"),
-                               "oblique": ("oblique", "oblique")}.items():
+    for assign, (att, mlp) in ((a, p) for a, p in NAMED_ASSIGNMENTS.items() if a not in UNCONSTRAINED):
         tot = 0
         for (m, n), mod in zip(shapes, modules):
             tot += get_manifold(att if mod == "attn" else mlp).tangent_dim(m, n)
@@ -600,8 +600,9 @@ def audit_propositions(sec: dict) -> dict:
 def audit_adamw_share() -> dict:
     """Share of GPT-2 small's parameters (tied head, as released) that AdamW trains
     under the paper's split (embeddings, LayerNorm, head: AdamW; hidden matrices: Muon)."""
-    from ..assignments import ADAMW, resolve_assignment
+    from ..assignments import resolve_assignment
     from ..model import GPT, GPTConfig
+    from ..names import ADAMW
 
     with torch.device("meta"):
         model = GPT(GPTConfig(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768))

@@ -20,15 +20,14 @@ from ..config import ConfigError, config_hash, load_config
 from ..io import atomic_write_text  # the package's one atomic writer (umask-honouring)
 from ..manifolds import Manifold, get_manifold
 from ..msign import msign
+from ..names import STUDY_MANIFOLDS
 
 __all__ = [
-    "VARIANTS",
     "variant_manifold",
     "resolve_device",
     "pair_seed",
     "random_pairs",
     "chunks",
-    "atomic_write_text",
     "write_csv",
     "write_json",
     "read_csv",
@@ -38,20 +37,12 @@ __all__ = [
     "main_for",
 ]
 
-#: Manifold variants the studies know: DGram comes with either retraction.
-VARIANTS = {
-    "stiefel": ("stiefel", "paper"),
-    "dgram-paper": ("dgram", "paper"),
-    "dgram-colnorm": ("dgram", "colnorm"),
-    "oblique": ("oblique", "paper"),
-}
-
-
 def variant_manifold(variant: str) -> Manifold:
-    """The :class:`Manifold` of a variant name (``stiefel``, ``dgram-paper``, ...)."""
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown manifold variant {variant!r}; choose one of {', '.join(VARIANTS)}")
-    return get_manifold(*VARIANTS[variant])
+    """The :class:`Manifold` of a study manifold variant (``stiefel``, ``dgram-paper``, ...:
+    :data:`mwm.names.STUDY_MANIFOLDS`)."""
+    if variant not in STUDY_MANIFOLDS:
+        raise ValueError(f"unknown manifold variant {variant!r}; choose one of {', '.join(STUDY_MANIFOLDS)}")
+    return get_manifold(*STUDY_MANIFOLDS[variant])
 
 
 def resolve_device(name: str) -> torch.device:

@@ -1,0 +1,100 @@
+"""mwm.names: the torch-free vocabulary (assignments, variants) the workflow reads."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mwm import names
+from mwm.names import (COLNORM_SUFFIX, NAMED_ASSIGNMENTS, PAPER_ASSIGNMENTS, STUDY_MANIFOLDS, assignment_pair,
+                       parse_variant, uses_dgram, variant_name)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# What the Snakefile and rules/common.smk import, and the parse-time calls they make.
+PARSE_TIME = """
+import sys
+from mwm.config import ConfigError, exponent_floats, load_config, validate
+from mwm.data import dataset_dir
+from mwm.launch import ranks_per_run
+from mwm.names import UNCONSTRAINED
+from mwm.paths import inside
+from mwm.runs import RUN_FILES, check_grid, grid_variants
+cfg = load_config("config/ci.yaml")
+check_grid(cfg["grid"])
+ranks_per_run(cfg)
+dataset_dir(cfg["data"])
+grid_variants(cfg["grid"])
+print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
+"""
+
+
+def test_snakefile_parse_imports_no_torch():
+    common = (ROOT / "rules" / "common.smk").read_text()
+    imported = {line.split()[1] for line in common.splitlines() if line.startswith("from mwm")}
+    assert imported == {"mwm.config", "mwm.data", "mwm.launch", "mwm.names", "mwm.paths", "mwm.runs"}, \
+        "rules/common.smk imports changed: update PARSE_TIME in this test"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run([sys.executable, "-c", PARSE_TIME], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]", f"parsing the Snakefile imports torch: {proc.stdout}"
+
+
+def test_names_is_standard_library_only():
+    src = Path(names.__file__).read_text()
+    imports = {line.split()[1] for line in src.splitlines() if line.startswith(("import ", "from "))}
+    assert imports <= {"__future__", "typing"}
+
+
+def test_assignment_table():
+    assert PAPER_ASSIGNMENTS == ("none", "stiefel", "dgram", "hetero", "hetero-inv")
+    assert set(PAPER_ASSIGNMENTS) <= set(NAMED_ASSIGNMENTS)
+    assert assignment_pair("hetero") == ("stiefel", "dgram")
+    assert assignment_pair("hetero-inv") == ("dgram", "stiefel")
+    assert assignment_pair("adamw") is None
+    with pytest.raises(ValueError, match=r"unknown assignment 'nope'; choose one of none, stiefel"):
+        assignment_pair("nope")
+
+
+def test_uses_dgram():
+    assert [a for a in NAMED_ASSIGNMENTS if uses_dgram(a)] == ["dgram", "hetero", "hetero-inv"]
+    assert uses_dgram("mine", {"mine": {"*.mlp.*": "dgram"}})
+    assert not uses_dgram("mine", {"mine": {"*.mlp.*": "stiefel"}})
+    assert not uses_dgram("unknown")
+
+
+@pytest.mark.parametrize("assignment", list(NAMED_ASSIGNMENTS) + ["mine"])
+@pytest.mark.parametrize("retraction", ["paper", "colnorm"])
+def test_variant_round_trip(assignment, retraction):
+    custom = {"mine": {"*.attn.*": "dgram"}}
+    v = variant_name(assignment, retraction, custom)
+    a, r = parse_variant(v)
+    assert a == assignment
+    if uses_dgram(assignment, custom):
+        assert r == retraction
+        assert v.endswith(COLNORM_SUFFIX) == (retraction == "colnorm")
+    else:  # the colnorm retraction does not exist without DGram: the variant is the assignment
+        assert (v, r) == (assignment, "paper")
+
+
+def test_variant_names_of_the_ablation():
+    assert variant_name("hetero-inv", "colnorm") == "hetero-inv-colnorm"
+    assert parse_variant("hetero-inv-colnorm") == ("hetero-inv", "colnorm")
+    assert parse_variant("dgram") == ("dgram", "paper")
+
+
+def test_unknown_names_refused():
+    with pytest.raises(ValueError, match=r"unknown DGram retraction 'svd'; choose one of paper, colnorm"):
+        variant_name("dgram", "svd")
+    for bad in ("", COLNORM_SUFFIX, None):
+        with pytest.raises(ValueError, match="not a variant name"):
+            parse_variant(bad)
+
+
+def test_study_manifolds():
+    assert STUDY_MANIFOLDS == {"stiefel": ("stiefel", "paper"), "dgram-paper": ("dgram", "paper"),
+                               "dgram-colnorm": ("dgram", "colnorm"), "oblique": ("oblique", "paper")}
+    assert all(r in names.RETRACTIONS for _, r in STUDY_MANIFOLDS.values())
