@@ -6,7 +6,8 @@ Each root is a repository checkout that ran ``snakemake --configfile config/<con
 all``. Compared byte for byte: every ``eval.csv``, ``attention.csv``, ``spectral.csv``
 and every table and ledger under ``paper_figures/<config>/``, the study results under
 ``results/studies/<config>/`` (CSV and JSON), and every ``summary.json`` less its
-timing and provenance fields. ``metrics.csv`` is compared without its timing columns.
+timing and provenance fields (the checkout's absolute path is written as
+``<checkout>/``). ``metrics.csv`` is compared without its timing columns.
 Wall-clock fields are dropped everywhere: CSV columns and JSON keys naming a time, a
 wall or a cost ratio, and the ledger's ``cost.*`` rows (per-step cost). Markdown and
 LaTeX tables are compared through their CSV twin (the same rows, rendered). Exit status 0 when everything matches, 1 otherwise (the
@@ -54,12 +55,15 @@ def _json_without_timing(obj):
     return obj
 
 
-def _canonical(path: Path) -> str | bytes:
-    if path.suffix == ".json":
-        return json.dumps(_json_without_timing(json.loads(path.read_text())), sort_keys=True)
-    if path.suffix == ".csv":
-        return _csv_without_timing(path.read_text())
-    return path.read_bytes()
+def _canonical(root: Path, rel: str) -> str:
+    """The file's text less timing, with the checkout's own absolute path (a study
+    records the config file it read) written as ``<checkout>``."""
+    text = (root / rel).read_text().replace(str(root.resolve()) + "/", "<checkout>/")
+    if rel.endswith(".json"):
+        return json.dumps(_json_without_timing(json.loads(text)), sort_keys=True)
+    if rel.endswith(".csv"):
+        return _csv_without_timing(text)
+    return text
 
 
 def _files(root: Path, config: str) -> set[str]:
@@ -89,7 +93,7 @@ def main(argv=None) -> int:
     bad = [f"only in {args.before}: {f}" for f in sorted(a - b)] + [f"only in {args.after}: {f}" for f in sorted(b - a)]
     same = 0
     for f in sorted(a & b):
-        if _canonical(args.before / f) == _canonical(args.after / f):
+        if _canonical(args.before, f) == _canonical(args.after, f):
             same += 1
         else:
             bad.append(f"differs: {f}")
