@@ -45,14 +45,14 @@ import torch
 
 from . import __version__
 from .assignments import build_optimizers
-from .config import ConfigError, config_hash, load_config
+from .config import ConfigError, config_hash, load_config, resolve_device
 from .diagnostics import ATTENTION_COLUMNS, SPECTRAL_COLUMNS, attention_stats, spectral_stats
 from .io import CsvLog, atomic_savez, atomic_torch_save, atomic_write, atomic_write_json
 from .launch import launch, ranks_per_run, worker_exit, worker_started
 from .model import GPT, SIZES, GPTConfig
 from .runs import (assignment_spec, check_grid, checkpoint_dir, parse_variant, run_config, run_dir,
                    uses_dgram, variant_name)
-from .schedule import adamw_lr
+from .schedule import learning_rates
 
 __all__ = ["main", "train", "EXIT_PREEMPTED", "build_model_config", "resolve_data"]
 
@@ -137,17 +137,13 @@ class Run:
         self.ckpt_dir = checkpoint_dir(out_root, cfg["name"], self.variant, seed)
         self.ckpt_path = self.ckpt_dir / "ckpt.pt"
         tc = self.tc
-        dev = tc["device"]
-        if dev == "auto":
-            dev = "cuda" if torch.cuda.is_available() else "cpu"
-        if dev == "cuda" and not torch.cuda.is_available():
-            raise ConfigError("train.device=cuda but no CUDA device is available")
-        if tc["dtype"] == "bfloat16" and dev != "cuda":
+        dev = resolve_device(tc["device"], "train.device")
+        if tc["dtype"] == "bfloat16" and dev.type != "cuda":
             raise ConfigError("train.dtype=bfloat16 is allowed on GPU only; use float32 on CPU")
-        if world > 1 and dev == "cuda":
-            dev = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+        if world > 1 and dev.type == "cuda":
+            dev = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}")
             torch.cuda.set_device(dev)
-        self.device = torch.device(dev)
+        self.device = dev
         self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if tc["dtype"] == "bfloat16"
                          else nullcontext())
 
@@ -354,9 +350,7 @@ class Run:
     def train_step(self) -> float:
         tc = self.tc
         it = self.step
-        lr = adamw_lr(it, tc["learning_rate"], tc["min_lr"], tc["warmup_iters"], tc["lr_decay_iters"],
-                      tc["decay_lr"])
-        mlr = tc["muon_lr"] * lr / tc["learning_rate"]
+        lr, mlr = learning_rates(it, tc)
         self.opts.set_lr(lr, mlr)
         t0 = time.perf_counter()
         accum = tc["grad_accum"]
