@@ -381,21 +381,18 @@ class Run:
         seq = tc["capture_sequence"]
         in_seq = seq is not None and seq["start"] <= it < seq["start"] + seq["length"]
         capture = ((tc["capture_pairs_step"] is not None and it == tc["capture_pairs_step"]) or in_seq) \
-            and self.opts.muon
-        if capture:
-            self.opts.muon.capture = {}
+            and self.opts.muon is not None
         t1 = time.perf_counter()
-        self.opts.step()
+        consumed = self.opts.step(inputs=capture)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         t2 = time.perf_counter()
         self.opts.zero_grad()
         if capture:
             if tc["capture_pairs_step"] is not None and it == tc["capture_pairs_step"]:
-                self.save_pairs(self.opts.muon.capture)
+                self.save_pairs(consumed)
             if in_seq:
-                self.save_pairs(self.opts.muon.capture, self.dir / "sequence" / f"step_{it:06d}.npz")
-            self.opts.muon.capture = None
+                self.save_pairs(consumed, self.dir / "sequence" / f"step_{it:06d}.npz")
         dt, opt_t = t2 - t0, t2 - t1
         self.step_times.append(dt)
         self.opt_shares.append(opt_t / dt)
