@@ -326,7 +326,7 @@ def test_summary_is_strict_json_with_reasons(tmp_path, fake_data):
     cfg = load_config(fakedata.write_config(tmp_path / "tiny.yaml"))
     run = Run(cfg, "none", 0, "paper", tmp_path / "out")
     run.last_val = float("nan")
-    run.best_val = float("inf")
+    run.divergence.best_val = float("inf")
     run.write_summary(status="unstable")
 
     def refuse(c):
