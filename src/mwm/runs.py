@@ -199,6 +199,17 @@ class RunFolder:
             if int(f.stem.split("_")[1]) >= start:
                 f.unlink()
 
+    def discard_stale(self) -> None:
+        """Start the run afresh: remove its logs, pairs and per-step arrays, the checkpoint
+        and its copy of the logs (stale files, e.g. a log whose first line is no header
+        after two processes wrote the folder, would otherwise fail every retry)."""
+        for name in (*RUN_LOGS.values(), "pairs.npz"):
+            (self.dir / name).unlink(missing_ok=True)
+        for sub in RUN_STEP_FOLDERS:
+            for f in (self.dir / sub).glob("step_*.npz"):
+                f.unlink()
+        self.drop_checkpoint()
+
     def drop_checkpoint(self) -> None:
         """Remove the checkpoint and its copy of the logs (nothing left to resume)."""
         import shutil

@@ -21,7 +21,8 @@ Resume: a checkpoint (model, both optimizers, step, RNG and data-sampler state,
 divergence state) is written atomically every ``checkpoint_interval`` steps
 under ``results/checkpoints/...``; starting the same run again resumes from it
 and truncates the logs to the checkpoint, so the result equals an uninterrupted
-run. SIGTERM / SIGUSR1 (a scheduler's warning) write a checkpoint and exit with
+run; a checkpoint the logs do not reach (even from the copy of them kept beside it)
+is removed with the logs and the run starts afresh. SIGTERM / SIGUSR1 (a scheduler's warning) write a checkpoint and exit with
 status 75 (``EXIT_PREEMPTED``) for the workflow to retry.
 
 Multi-process: launched by ``torchrun``, gradients are averaged with DDP (nccl on
@@ -377,7 +378,10 @@ class Run:
         if not self.folder.logs_reach(ck["step"]) and self.folder.restore_mirror():
             self.log("run logs missing or short (a retried job); restored them from the checkpoint's copy")
         if not self.folder.logs_reach(ck["step"]):
-            self.log(f"checkpoint at step {ck['step']} but the run's logs do not reach it; starting afresh")
+            self.log(f"checkpoint at step {ck['step']} but the run's logs do not reach it; starting afresh "
+                     "(its logs and checkpoint removed)")
+            if self.master:
+                self.folder.discard_stale()
             return 0
         if ck["config_hash"] != config_hash(self._identity()):
             raise ConfigError(
