@@ -22,8 +22,9 @@ divergence state) is written atomically every ``checkpoint_interval`` steps
 under ``results/checkpoints/...``; starting the same run again resumes from it
 and truncates the logs to the checkpoint, so the result equals an uninterrupted
 run; a checkpoint the logs do not reach (even from the copy of them kept beside it)
-is removed with the logs and the run starts afresh. SIGTERM / SIGUSR1 (a scheduler's warning) write a checkpoint and exit with
-status 75 (``EXIT_PREEMPTED``) for the workflow to retry.
+is removed with the logs and the run starts afresh. SIGTERM / SIGUSR1 (a scheduler's
+warning) write a checkpoint and exit with status 75 (``EXIT_PREEMPTED``) for the
+workflow to retry.
 
 Multi-process: launched by ``torchrun``, gradients are averaged with DDP (nccl on
 GPU, gloo on CPU) and the Muon matrix banks are sharded across ranks.
