@@ -146,15 +146,14 @@ def bench_assignment(args, assignment: str, budget_s: float, out: Path) -> dict:
         left = budget_s - (time.perf_counter() - t_start) - 2 * est  # the capture step and the agreement check
         steps = max(1, min(args.steps, int(left / est))) if left > 0 else 1
         n0 = len(run.step_times)
+        captured, opts_step = {}, run.opts.step
         for i in range(steps):
-            if i == steps - 1 and run.opts.muon is not None:
-                run.opts.muon.capture = {}
+            if i == steps - 1 and run.opts.muon is not None:  # the last step also returns its Muon inputs
+                run.opts.step = lambda inputs=False: captured.update(opts_step(inputs=True))
             run.train_step()
             run.step += 1
+        run.opts.step = opts_step
         _sync(run.device)
-        captured = run.opts.muon.capture if run.opts.muon is not None else {}
-        if run.opts.muon is not None:
-            run.opts.muon.capture = None
         times, shares = run.step_times[n0:], run.opt_shares[n0:]
         peak = (torch.cuda.max_memory_allocated(run.device) / 2 ** 30 if run.device.type == "cuda"
                 else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20)

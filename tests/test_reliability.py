@@ -299,6 +299,33 @@ def test_real_checkpoints_load_as_weights_only(tmp_path, fake_data):
     assert ck["step"] == 4
 
 
+def test_stale_logs_without_header_start_the_run_afresh(tmp_path, fake_data):
+    """A checkpoint whose logs do not reach it (here: metrics.csv without its header, in the
+    run folder and beside the checkpoint, as after two processes wrote one run folder) starts
+    the run afresh: the stale logs and checkpoint go, the run completes as a fresh one would."""
+    from mwm.train import Run
+
+    cfg = load_config(fakedata.write_config(tmp_path / "tiny.yaml"))
+    run = Run(cfg, "none", 0, "paper", tmp_path / "out")
+    run.open_logs(0)
+    run.step = 4
+    run.save_checkpoint()
+    stale = "".join(f"{i},4.1,0.0006,0.02,0.01,100,0.005,0.5\n" for i in range(2))  # no header, short
+    for folder in (run.dir, run.folder.mirror):
+        (folder / "metrics.csv").write_text(stale)
+    rc, d = run_main(tmp_path)
+    assert rc == 0 and d == run.dir
+    assert json.loads((d / "summary.json").read_text())["status"] == "completed"
+    assert not run.ckpt_path.exists() and not run.folder.mirror.exists()
+    rc, ref = run_main(tmp_path, out="ref")
+    assert rc == 0
+    for name in ("eval.csv", "spectral.csv", "attention.csv"):
+        assert (d / name).read_text() == (ref / name).read_text(), name
+    rows = [r.split(",")[:4] for r in (d / "metrics.csv").read_text().splitlines()]
+    assert rows == [r.split(",")[:4] for r in (ref / "metrics.csv").read_text().splitlines()]
+    assert rows[0][0] == "step" and len(rows) == 1 + cfg["train"]["max_iters"]
+
+
 # ---------------------------------------------------------------------------------------
 # 6. files honour the umask; 7. strict JSON
 # ---------------------------------------------------------------------------------------
@@ -326,7 +353,7 @@ def test_summary_is_strict_json_with_reasons(tmp_path, fake_data):
     cfg = load_config(fakedata.write_config(tmp_path / "tiny.yaml"))
     run = Run(cfg, "none", 0, "paper", tmp_path / "out")
     run.last_val = float("nan")
-    run.best_val = float("inf")
+    run.divergence.best_val = float("inf")
     run.write_summary(status="unstable")
 
     def refuse(c):

@@ -13,7 +13,7 @@ import torch
 import fakedata
 from mwm.config import load_config
 from mwm.model import GPT, GPT2_SMALL_PARAMS, GPTConfig
-from mwm.train import EXIT_PREEMPTED, Run, main
+from mwm.train import EXIT_PREEMPTED, DivergenceMonitor, Run, main
 
 TESTS = Path(__file__).parent
 LOSS_COLS = ("step", "train_loss", "lr", "muon_lr")
@@ -80,22 +80,24 @@ def test_seeds_differ_but_eval_batches_are_shared(tmp_path):
     cfg = load_config(fakedata.write_config(tmp_path / "c.yaml"))
     r0 = Run(cfg, "none", 0, "paper", tmp_path / "x")
     r1 = Run(cfg, "none", 1, "paper", tmp_path / "x")
-    assert torch.equal(r0.eval_ix["val"], r1.eval_ix["val"]) and torch.equal(r0.probe, r1.probe)
+    assert torch.equal(r0.batches.ix["val"], r1.batches.ix["val"]) and torch.equal(r0.batches.probe, r1.batches.probe)
 
 
 def test_divergence_rule(tmp_path):
     cfg = load_config(fakedata.write_config(tmp_path / "c.yaml", train__divergence={"threshold": 0.5, "patience": 2}))
-    run = Run(cfg, "none", 0, "paper", tmp_path / "x")
+    mon = DivergenceMonitor(cfg["train"]["divergence"])
     for step, val in [(0, 3.0), (4, 2.0), (8, 2.6), (12, 2.4), (16, 2.7), (20, 2.8)]:
-        run.step = step
-        stop = run.check_divergence(val)
-    assert run.status == "unstable" and run.onset == 16 and stop is False
+        stop = mon.check(step, val)
+    assert mon.status == "unstable" and mon.onset == 16 and stop is False
+    state = mon.state_dict()  # what the checkpoint keeps, under the run's keys
+    assert state == {"best_val": 2.0, "status": "unstable", "onset": 16, "streak_start": 16, "streak": 2}
+    again = DivergenceMonitor(cfg["train"]["divergence"])
+    again.load_state_dict(state)
+    assert again.state_dict() == state
     cfg2 = load_config(fakedata.write_config(tmp_path / "c2.yaml", train__divergence={"stop": True, "patience": 1}))
-    run2 = Run(cfg2, "none", 0, "paper", tmp_path / "y")
-    run2.step = 0
-    assert run2.check_divergence(3.0) is False
-    run2.step = 4
-    assert run2.check_divergence(float("nan")) is True and run2.onset == 4
+    mon2 = DivergenceMonitor(cfg2["train"]["divergence"])
+    assert mon2.check(0, 3.0) is False
+    assert mon2.check(4, float("nan")) is True and mon2.onset == 4
 
 
 @pytest.mark.parametrize("assignment", ["dgram", "dgram-colnorm", "adamw", "none"])

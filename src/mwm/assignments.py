@@ -117,18 +117,25 @@ class Optimizers:
         for o in self.all():
             o.zero_grad(set_to_none=True)
 
-    def step(self) -> None:
-        """Both steps. Non-finite values raise ``FloatingPointError`` where they first
+    def step(self, inputs: bool = False) -> dict | None:
+        """Both steps; with ``inputs``, returns what the Muon updates consumed,
+        ``{name: (manifold, W, U)}`` (:meth:`ManifoldMuon.step_with_inputs`; empty
+        without Muon matrices), else None. Non-finite values raise ``FloatingPointError`` where they first
         show: AdamW's gradients (checked before anything is written), Muon's gradients,
         momentum and weights (see :class:`ManifoldMuon`), and AdamW's new weights
         (NaN, Inf, or a squared norm that overflows: a weight decay factor
         ``1 - lr wd`` below -1 grows them geometrically), so nothing downstream
         (evaluation, spectral logging) ever sees a diverged weight unannounced."""
         self._check(self.adamw, "grad", "gradient has NaN, Inf or overflowing values; no parameter was updated")
+        consumed = {} if inputs else None
         if self.muon is not None:
-            self.muon.step()
+            if inputs:
+                consumed = self.muon.step_with_inputs()
+            else:
+                self.muon.step()
         self.adamw.step()
         self._check(self.adamw, "weight", "AdamW step left NaN, Inf or overflowing values")
+        return consumed
 
     def _check(self, opt: torch.optim.Optimizer, what: str, msg: str) -> None:
         mine = {id(p) for g in opt.param_groups for p in g["params"]}

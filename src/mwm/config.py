@@ -32,6 +32,7 @@ from jsonschema import Draft202012Validator, validators
 
 __all__ = [
     "ConfigError",
+    "resolve_device",
     "SCHEMA_DIR",
     "load_schema",
     "validate",
@@ -192,3 +193,16 @@ def config_hash(section: Any) -> str:
     """Stable short hash of (a section of) a config, for run identities and summaries."""
     blob = json.dumps(section, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def resolve_device(name: str, key: str = "device"):
+    """The ``torch.device`` of a config's device setting ``key`` (training's and the
+    studies' alike): ``auto`` is cuda when available, else cpu; ``cuda`` without a
+    GPU is a ConfigError."""
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"{key} is 'cuda' but no CUDA device is available (use auto or cpu)")
+    return torch.device(name)

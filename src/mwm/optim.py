@@ -31,6 +31,11 @@ overflows (so its Gram matrix, or msign's normalization, would) raises
 ``FloatingPointError`` naming the parameters, before any LAPACK call sees the
 values; the weights of that bank are left unchanged. With sharded banks every
 rank raises together.
+
+The math of a step is two functions, :func:`momentum_direction` and
+:func:`muon_update`; the optimizer class does the bookkeeping around them (banks,
+state, sharding). :meth:`ManifoldMuon.step_with_inputs` is a step that also returns
+what each update consumed, the (W, update direction) pairs the studies use.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from .manifolds import DGRAM_RETRACTIONS, MANIFOLDS, get_manifold, to_tall
 from .msign import DEFAULT_STEPS, check_precision, msign
 from .solvers import SOLVERS, solve
 
-__all__ = ["ManifoldMuon", "MUON_MANIFOLDS"]
+__all__ = ["ManifoldMuon", "MUON_MANIFOLDS", "momentum_direction", "muon_update"]
 
 #: What a Muon parameter group may ask for: plain Muon or one of the manifolds.
 MUON_MANIFOLDS = ("none",) + MANIFOLDS
@@ -91,9 +96,6 @@ class ManifoldMuon(torch.optim.Optimizer):
             warm_start=warm_start, rho=rho,
         )
         super().__init__(params, defaults)
-        #: set to a dict to record, at the next step, each matrix's weight and update
-        #: direction (the Nesterov momentum) under its name: {name: (W, U)}
-        self.capture: dict | None = None
         self._rank, self._world = 0, 1
         for gi, group in enumerate(self.param_groups):
             if group["manifold"] not in MUON_MANIFOLDS:
@@ -148,6 +150,23 @@ class ManifoldMuon(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._step(None)
+        return loss
+
+    @torch.no_grad()
+    def step_with_inputs(self) -> dict[str, tuple[str, torch.Tensor, torch.Tensor]]:
+        """:meth:`step`, returning what each update consumed: ``{name: (manifold, W, U)}``
+        with ``W`` the weight before the step and ``U`` the update direction (the Nesterov
+        momentum), both copies in the parameter's orientation and the optimizer's working
+        precision, for the matrices this rank computes (all of them unsharded)."""
+        inputs: dict = {}
+        self._step(inputs)
+        return inputs
+
+    def _step(self, inputs: dict | None) -> None:
+        """The bookkeeping of a step: banks, momentum buffers, sharding and broadcasts,
+        around :func:`momentum_direction` and :func:`muon_update` (the math). With a dict
+        ``inputs``, each computed matrix's ``(manifold, W, U)`` is added to it."""
         # Refuse bad gradients before any weight or buffer is touched.
         for group in self.param_groups:
             for i, p in enumerate(group["params"]):
@@ -159,7 +178,7 @@ class ManifoldMuon(torch.optim.Optimizer):
         error = None
         for owner, entries in pieces:
             try:
-                self._update_bank(entries, compute=owner == self._rank)
+                self._update_bank(entries, compute=owner == self._rank, inputs=inputs)
             except FloatingPointError as exc:
                 if self._world == 1:
                     raise
@@ -188,7 +207,6 @@ class ManifoldMuon(torch.optim.Optimizer):
                     dist.broadcast(L, src=owner)
                     for p, lam in zip(params, L):
                         self.state[p]["dual"].copy_(lam)
-        return loss
 
     def shard(self, rank: int, world: int) -> None:
         """Split the optimizer's work across ``world`` processes: the banks' matrices,
@@ -243,10 +261,10 @@ class ManifoldMuon(torch.optim.Optimizer):
             k += len(entries)
         return pieces
 
-    def _update_bank(self, entries: list[tuple[dict, torch.Tensor]], compute: bool = True) -> None:
+    def _update_bank(self, entries: list[tuple[dict, torch.Tensor]], compute: bool = True,
+                     inputs: dict | None = None) -> None:
         group = entries[0][0]
         params = [p for _, p in entries]
-        mu = group["momentum"]
         grads = _stack([_tall(_work(p.grad)) for p in params])
         bufs = []
         for p, g in zip(params, grads):
@@ -254,49 +272,24 @@ class ManifoldMuon(torch.optim.Optimizer):
             if "momentum_buffer" not in state:
                 state["momentum_buffer"] = torch.zeros_like(p, dtype=g.dtype)
             bufs.append(state["momentum_buffer"])
-        buf = _stack([_tall(b) for b in bufs]).mul_(mu).add_(grads)
-        update_dir = grads.add(buf, alpha=mu) if group["nesterov"] else buf
+        buf, update_dir = momentum_direction(grads, _stack([_tall(b) for b in bufs]), group["momentum"],
+                                             group["nesterov"])
         self._check(entries, update_dir, "momentum / update direction")
         for b, new in zip(bufs, buf):
             b.copy_(_unpad(new, b))
         if not compute:
             return  # another rank computes this bank's update and broadcasts it
-        lr = group["lr"]
         W = _stack([_tall(_work(p)) for p in params])
         manifolds = [g["manifold"] for g, _ in entries]
-        if self.capture is not None:
+        if inputs is not None:
             for (g, p), w, u in zip(entries, W, update_dir):
                 i = next(j for j, q in enumerate(g["params"]) if q is p)
-                self.capture[self._name(g, i)] = (g["manifold"], _unpad(w, p).clone(), _unpad(u, p).clone())
-        duals = None
-        if group["manifold"] == "none":
-            if group["weight_decay"]:
-                W.mul_(1.0 - lr * group["weight_decay"])
-            W.add_(msign(update_dir, steps=group["msign_steps"], precision=group["msign_precision"]), alpha=-lr)
-        else:
-            kinds = sorted(set(manifolds))
-            Lambda0 = None
-            if group["warm_start"] and all("dual" in self.state[p] for p in params):
-                Lambda0 = torch.stack([self.state[p]["dual"] for p in params]).to(W.dtype)
-            res = solve(
-                W, update_dir, kinds[0] if len(kinds) == 1 else manifolds, group["solver"],
-                alpha=group["alpha"], rho=group["rho"], steps=group["dual_steps"], tol=group["solver_tol"],
-                method=group["method"], msign_steps=group["msign_steps"], Lambda0=Lambda0,
-                precision=group["msign_precision"],
-            )
-            pre = W - lr * res.A
-            self._check(entries, pre, "weight before the retraction")
-            prec = group["msign_precision"]
-            if len(kinds) == 1:
-                W = get_manifold(kinds[0], group["dgram_retraction"]).retract(pre, precision=prec)
-            else:
-                W = torch.empty_like(pre)
-                for name in kinds:
-                    idx = torch.tensor([i for i, k in enumerate(manifolds) if k == name], device=pre.device)
-                    W[idx] = get_manifold(name, group["dgram_retraction"]).retract(pre[idx], precision=prec)
-            if group["warm_start"]:
-                duals = res.Lambda
-                self._check(entries, duals, "inner-solver multiplier")
+                inputs[self._name(g, i)] = (g["manifold"], _unpad(w, p).clone(), _unpad(u, p).clone())
+        Lambda0 = None
+        if group["manifold"] != "none" and group["warm_start"] and all("dual" in self.state[p] for p in params):
+            Lambda0 = torch.stack([self.state[p]["dual"] for p in params]).to(W.dtype)
+        W, duals = muon_update(W, update_dir, group, manifolds, Lambda0,
+                               check=lambda X, what: self._check(entries, X, what))
         self._check(entries, W, "updated weight")
         for p, w in zip(params, W):
             p.copy_(_unpad(w, p).to(p.dtype))
@@ -313,6 +306,53 @@ class ManifoldMuon(torch.optim.Optimizer):
         names = ", ".join(self._name(g, next(j for j, q in enumerate(g["params"]) if q is p)) for g, p in entries)
         raise FloatingPointError(f"{what} of [{names}] is not finite (NaN, Inf or overflowing norm); "
                                  "these weights were left unchanged")
+
+
+def momentum_direction(grads: torch.Tensor, buf: torch.Tensor, mu: float, nesterov: bool = True
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Momentum of a bank: ``buf <- mu buf + g`` (in place on ``buf``) and the update
+    direction ``g + mu buf`` (Nesterov) or ``buf``; returns ``(buf, direction)``."""
+    buf.mul_(mu).add_(grads)
+    return buf, (grads.add(buf, alpha=mu) if nesterov else buf)
+
+
+def muon_update(W: torch.Tensor, U: torch.Tensor, group: dict, manifolds: list[str],
+                Lambda0: torch.Tensor | None = None, check=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One (Manifold) Muon step of a bank ``W`` (tall, stacked; plain Muon updates it in
+    place) along the update direction ``U``, with the settings of ``group`` (lr, weight
+    decay, solver, msign, retraction) and each matrix's manifold in ``manifolds``.
+    Returns the new weights and, with ``group["warm_start"]``, the inner solver's final
+    multipliers (else None). ``check(X, what)`` may refuse an intermediate value (the
+    weight before the retraction, the multipliers) by raising."""
+    lr = group["lr"]
+    if group["manifold"] == "none":
+        if group["weight_decay"]:
+            W.mul_(1.0 - lr * group["weight_decay"])
+        W.add_(msign(U, steps=group["msign_steps"], precision=group["msign_precision"]), alpha=-lr)
+        return W, None
+    kinds = sorted(set(manifolds))
+    res = solve(
+        W, U, kinds[0] if len(kinds) == 1 else manifolds, group["solver"],
+        alpha=group["alpha"], rho=group["rho"], steps=group["dual_steps"], tol=group["solver_tol"],
+        method=group["method"], msign_steps=group["msign_steps"], Lambda0=Lambda0,
+        precision=group["msign_precision"],
+    )
+    pre = W - lr * res.A
+    if check is not None:
+        check(pre, "weight before the retraction")
+    prec = group["msign_precision"]
+    if len(kinds) == 1:
+        W = get_manifold(kinds[0], group["dgram_retraction"]).retract(pre, precision=prec)
+    else:
+        W = torch.empty_like(pre)
+        for name in kinds:
+            idx = torch.tensor([i for i, k in enumerate(manifolds) if k == name], device=pre.device)
+            W[idx] = get_manifold(name, group["dgram_retraction"]).retract(pre[idx], precision=prec)
+    if not group["warm_start"]:
+        return W, None
+    if check is not None:
+        check(res.Lambda, "inner-solver multiplier")
+    return W, res.Lambda
 
 
 #: Manifolds whose projectors mix in one batched solve (:class:`~mwm.dual_ascent.MixedProjector`).

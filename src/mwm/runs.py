@@ -110,3 +110,111 @@ def grid_variants(grid: dict) -> list[str]:
         out += [variant_name(a, "colnorm", grid.get("custom")) for a in grid["assignments"]
                 if uses_dgram(a, grid.get("custom"))]
     return out
+
+
+# --------------------------------------------------------------------------------------
+# run-folder I/O: a run's logs, and their copy beside its checkpoint
+# --------------------------------------------------------------------------------------
+#: The append-only CSV logs of a run, as ``{key: file}`` (cut back to a checkpoint on resume).
+RUN_LOGS = {"metrics": "metrics.csv", "eval": "eval.csv", "spectral": "spectral.csv", "attention": "attention.csv"}
+#: Folders of per-step arrays (``step_NNNNNN.npz``) a run writes.
+RUN_STEP_FOLDERS = ("spectra", "sequence")
+
+
+class RunFolder:
+    """The files of one run: its folder ``dir`` (:func:`run_dir`), its checkpoint
+    ``ckpt_path`` and the copy of its logs beside the checkpoint, ``mirror``
+    (:func:`checkpoint_dir`). The workflow deletes a failed job's declared outputs (the
+    logs) before it retries; the copy lets the retry resume anyway. Rank 0 alone calls
+    the methods that write."""
+
+    def __init__(self, root: str | Path, config_name: str, variant: str, seed: int):
+        self.dir = run_dir(root, config_name, variant, seed)
+        self.ckpt_dir = checkpoint_dir(root, config_name, variant, seed)
+        self.ckpt_path = self.ckpt_dir / "ckpt.pt"
+        self.mirror = self.ckpt_dir / "logs"
+
+    def open_logs(self, columns: dict[str, list[str]], resume_step: int) -> dict:
+        """``{key: CsvLog}`` for the logs of ``columns`` (keys of :data:`RUN_LOGS`), each
+        with its rows at or after ``resume_step`` dropped."""
+        from .io import CsvLog
+
+        self.dir.mkdir(parents=True, exist_ok=True)
+        logs = {key: CsvLog(self.dir / RUN_LOGS[key], cols) for key, cols in columns.items()}
+        for log in logs.values():
+            log.truncate_from(resume_step)
+        return logs
+
+    def save_mirror(self) -> None:
+        """Copy the logs, pairs and new per-step arrays beside the checkpoint."""
+        _copy_run_files(self.dir, self.mirror, replace_steps=False)
+
+    def restore_mirror(self) -> bool:
+        """Copy the checkpoint's logs back into the run folder; False when there are none."""
+        if not (self.mirror / RUN_LOGS["metrics"]).exists():
+            return False
+        _copy_run_files(self.mirror, self.dir, replace_steps=True)
+        return True
+
+    def logs_reach(self, step: int) -> bool:
+        """Whether metrics.csv holds every step below ``step`` (so a resume can continue it)."""
+        from .io import read_csv_rows
+
+        path = self.dir / RUN_LOGS["metrics"]
+        if not path.exists():
+            return False
+        try:
+            steps = [int(r["step"]) for r in read_csv_rows(path)]
+        except (KeyError, ValueError):
+            return False
+        return set(range(step)) <= set(steps)
+
+    def invalidate_products(self, start: int, capture_pairs_step: int | None) -> None:
+        """Before the logs are cut back to ``start``: remove the summary and the products a
+        finished run leaves (final.pt; pairs.npz and spectra not before ``start``), so an
+        interrupted rerun never looks complete (the summary comes back at the end)."""
+        (self.dir / "summary.json").unlink(missing_ok=True)
+        (self.dir / "final.pt").unlink(missing_ok=True)
+        if capture_pairs_step is None or capture_pairs_step >= start:
+            (self.dir / "pairs.npz").unlink(missing_ok=True)
+        for f in (self.dir / "spectra").glob("step_*.npz"):
+            if int(f.stem.split("_")[1]) >= start:
+                f.unlink()
+
+    def discard_stale(self) -> None:
+        """Start the run afresh: remove its logs, pairs and per-step arrays, the checkpoint
+        and its copy of the logs (stale files, e.g. a log whose first line is no header
+        after two processes wrote the folder, would otherwise fail every retry)."""
+        for name in (*RUN_LOGS.values(), "pairs.npz"):
+            (self.dir / name).unlink(missing_ok=True)
+        for sub in RUN_STEP_FOLDERS:
+            for f in (self.dir / sub).glob("step_*.npz"):
+                f.unlink()
+        self.drop_checkpoint()
+
+    def drop_checkpoint(self) -> None:
+        """Remove the checkpoint and its copy of the logs (nothing left to resume)."""
+        import shutil
+
+        self.ckpt_path.unlink(missing_ok=True)
+        shutil.rmtree(self.mirror, ignore_errors=True)
+
+
+def _copy_run_files(src: Path, dst: Path, replace_steps: bool) -> None:
+    """Copy a run's logs, pairs.npz and per-step arrays from ``src`` to ``dst``; per-step
+    files already at ``dst`` are kept unless ``replace_steps`` (they never change)."""
+    import shutil
+
+    from .io import atomic_write
+
+    for name in (*RUN_LOGS.values(), "pairs.npz"):
+        if (src / name).exists():
+            atomic_write(dst / name, lambda p, name=name: shutil.copyfile(src / name, p))
+    for sub in RUN_STEP_FOLDERS:
+        if (src / sub).is_dir():
+            for f in sorted((src / sub).glob("step_*.npz")):
+                if replace_steps or not (dst / sub / f.name).exists():
+                    atomic_write(dst / sub / f.name, lambda p, f=f: shutil.copyfile(f, p))
+
+
+__all__ += ["RUN_LOGS", "RUN_STEP_FOLDERS", "RunFolder"]

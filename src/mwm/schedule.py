@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["adamw_lr", "muon_lr", "muon_lr_series"]
+__all__ = ["adamw_lr", "learning_rates", "muon_lr", "muon_lr_series"]
 
 
 def adamw_lr(it: int, learning_rate: float, min_lr: float, warmup_iters: int, lr_decay_iters: int,
@@ -26,11 +26,18 @@ def adamw_lr(it: int, learning_rate: float, min_lr: float, warmup_iters: int, lr
     return min_lr + coeff * (learning_rate - min_lr)
 
 
-def muon_lr(it: int, train: dict) -> float:
-    """Muon (and Manifold Muon step size eta) at iteration ``it`` for a ``train`` config section."""
+def learning_rates(it: int, train: dict) -> tuple[float, float]:
+    """``(AdamW lr, Muon lr)`` at iteration ``it`` for a ``train`` config section: the one
+    place the Muon rule ``muon_lr * lr(t) / learning_rate`` is written (training, the
+    studies and the report all come here)."""
     lr = adamw_lr(it, train["learning_rate"], train["min_lr"], train["warmup_iters"],
                   train["lr_decay_iters"], train.get("decay_lr", True))
-    return train["muon_lr"] * lr / train["learning_rate"]
+    return lr, train["muon_lr"] * lr / train["learning_rate"]
+
+
+def muon_lr(it: int, train: dict) -> float:
+    """Muon (and Manifold Muon step size eta) at iteration ``it`` for a ``train`` config section."""
+    return learning_rates(it, train)[1]
 
 
 def muon_lr_series(train: dict) -> list[float]:

@@ -21,8 +21,10 @@ Resume: a checkpoint (model, both optimizers, step, RNG and data-sampler state,
 divergence state) is written atomically every ``checkpoint_interval`` steps
 under ``results/checkpoints/...``; starting the same run again resumes from it
 and truncates the logs to the checkpoint, so the result equals an uninterrupted
-run. SIGTERM / SIGUSR1 (a scheduler's warning) write a checkpoint and exit with
-status 75 (``EXIT_PREEMPTED``) for the workflow to retry.
+run; a checkpoint the logs do not reach (even from the copy of them kept beside it)
+is removed with the logs and the run starts afresh. SIGTERM / SIGUSR1 (a scheduler's
+warning) write a checkpoint and exit with status 75 (``EXIT_PREEMPTED``) for the
+workflow to retry.
 
 Multi-process: launched by ``torchrun``, gradients are averaged with DDP (nccl on
 GPU, gloo on CPU) and the Muon matrix banks are sharded across ranks.
@@ -45,14 +47,13 @@ import torch
 
 from . import __version__
 from .assignments import build_optimizers
-from .config import ConfigError, config_hash, load_config
+from .config import ConfigError, config_hash, load_config, resolve_device
 from .diagnostics import ATTENTION_COLUMNS, SPECTRAL_COLUMNS, attention_stats, spectral_stats
-from .io import CsvLog, atomic_savez, atomic_torch_save, atomic_write, atomic_write_json
+from .io import atomic_savez, atomic_torch_save, atomic_write_json
 from .launch import launch, ranks_per_run, worker_exit, worker_started
 from .model import GPT, SIZES, GPTConfig
-from .runs import (assignment_spec, check_grid, checkpoint_dir, parse_variant, run_config, run_dir,
-                   uses_dgram, variant_name)
-from .schedule import adamw_lr
+from .runs import RunFolder, assignment_spec, check_grid, parse_variant, run_config, uses_dgram, variant_name
+from .schedule import learning_rates
 
 __all__ = ["main", "train", "EXIT_PREEMPTED", "build_model_config", "resolve_data"]
 
@@ -124,30 +125,173 @@ class Preempted(Exception):
 
 
 # --------------------------------------------------------------------------------------
+# the parts of a run
+# --------------------------------------------------------------------------------------
+class DivergenceMonitor:
+    """The divergence rule of ``train.divergence`` on the evaluated val losses: a
+    non-finite loss, or ``patience`` evaluations in a row above the best so far by more
+    than ``threshold``, marks the run unstable with its onset (the streak's first step)."""
+
+    #: its checkpoint state (stored under these keys, beside the run's)
+    KEYS = ("best_val", "status", "onset", "streak_start", "streak")
+
+    def __init__(self, rule: dict, log=print):
+        self.rule, self.log = rule, log
+        self.best_val = math.inf
+        self.status = "completed"
+        self.onset: int | None = None
+        self.streak_start: int | None = None
+        self.streak = 0
+
+    def check(self, step: int, val: float) -> bool:
+        """Record the val loss of ``step``; True when the run must stop."""
+        if not math.isfinite(val):
+            self.mark_unstable(step)
+            return True
+        if val < self.best_val:
+            self.best_val = val
+        if val > self.best_val + self.rule["threshold"]:
+            if self.streak == 0:
+                self.streak_start = step
+            self.streak += 1
+            if self.streak >= self.rule["patience"]:
+                self.mark_unstable(self.streak_start)
+                return self.rule["stop"]
+        else:
+            self.streak, self.streak_start = 0, None
+        return False
+
+    def mark_unstable(self, onset: int) -> None:
+        if self.status != "unstable":
+            self.status, self.onset = "unstable", onset
+            self.log(f"run marked unstable, onset step {onset}")
+
+    def state_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.KEYS}
+
+    def load_state_dict(self, state: dict) -> None:
+        for k in self.KEYS:
+            setattr(self, k, state[k])
+
+
+class FixedBatches:
+    """The evaluation batches (``eval_iters`` x ``batch_size`` windows of each split) and
+    the attention probe batch, drawn from ``eval_seed``: the same for every run of a config."""
+
+    def __init__(self, data, block: int, tc: dict, device: torch.device):
+        self.device = device
+        gen = torch.Generator().manual_seed(tc["eval_seed"])
+        splits = {s: data.split(s) for s in ("train", "val")}
+        self.ix: dict[str, torch.Tensor] = {}
+        for split, arr in splits.items():
+            if len(arr) <= block + 1:
+                raise ConfigError(f"{split} split has {len(arr)} tokens, fewer than block_size + 2 = {block + 2}")
+            self.ix[split] = torch.randint(len(arr) - block - 1, (tc["eval_iters"], tc["batch_size"]), generator=gen)
+        self.samplers = {s: Sampler(arr, block, 0) for s, arr in splits.items()}
+        probe_ix = torch.randint(len(splits["val"]) - block - 1, (tc["probe_batch"],), generator=gen)
+        self.probe = self.samplers["val"].batch(probe_ix, device)[0]
+
+    @torch.no_grad()
+    def losses(self, model: torch.nn.Module, autocast) -> dict[str, float]:
+        """Mean loss of ``model`` over each split's batches."""
+        model.eval()
+        out = {}
+        for split, ix in self.ix.items():
+            tot = 0.0
+            for b in ix:
+                x, y = self.samplers[split].batch(b, self.device)
+                with autocast:
+                    _, loss = model(x, y)
+                tot += loss.item()
+            out[split] = tot / len(ix)
+        model.train()
+        return out
+
+
+class PairCapture:
+    """The (W, update direction) pairs a run saves: ``pairs.npz`` at
+    ``train.capture_pairs_step`` (the absorption study) and ``sequence/step_NNNNNN.npz``
+    at each step of ``train.capture_sequence`` (the solver study)."""
+
+    def __init__(self, tc: dict, run_dir: Path, log=print):
+        self.at, self.sequence, self.max_iters = tc["capture_pairs_step"], tc["capture_sequence"], tc["max_iters"]
+        self.dir, self.log = run_dir, log
+        self.path = run_dir / "pairs.npz"
+
+    def paths(self, step: int) -> list[Path]:
+        """Where the pairs of ``step`` go (none: the step captures nothing)."""
+        out = []
+        if self.at is not None and step == self.at:
+            out.append(self.path)
+        seq = self.sequence
+        if seq is not None and seq["start"] <= step < seq["start"] + seq["length"]:
+            out.append(self.dir / "sequence" / f"step_{step:06d}.npz")
+        return out
+
+    def save(self, inputs: dict, path: Path, step: int) -> None:
+        """``inputs`` as :meth:`ManifoldMuon.step_with_inputs` returns them, at ``path``."""
+        names = sorted(inputs)
+        arrays = {"names": np.array(names), "manifolds": np.array([inputs[n][0] for n in names]),
+                  "captured": np.array(True), "step": np.array(step), "reason": np.array("")}
+        for i, n in enumerate(names):
+            arrays[f"W_{i}"] = inputs[n][1].float().cpu().numpy()
+            arrays[f"G_{i}"] = inputs[n][2].float().cpu().numpy()
+        atomic_savez(path, arrays)
+        if path == self.path:
+            self.log(f"saved {len(names)} (W, G) pairs at step {step}")
+
+    def missing(self, assignment: str, has_muon: bool, steps_done: int, div: DivergenceMonitor) -> str | None:
+        """Why the run holds no pairs at ``capture_pairs_step`` (None: it does, or none asked)."""
+        cs = self.at
+        if cs is None or self.path.exists():
+            return None
+        if not has_muon:
+            return f"assignment {assignment} has no Muon matrices"
+        if cs >= self.max_iters:
+            return f"capture_pairs_step {cs} is not below max_iters {self.max_iters}"
+        if div.status == "unstable" and steps_done <= cs:
+            return (f"the run became unstable at step {div.onset} and stopped at step {steps_done}, "
+                    f"before step {cs}")
+        return f"no pairs were saved at step {cs} (the run stopped at step {steps_done})"
+
+    def save_none(self, reason: str) -> None:
+        """The declared pairs output of a run that has none: an explicit, empty file."""
+        atomic_savez(self.path, {
+            "names": np.array([], dtype=str), "manifolds": np.array([], dtype=str), "captured": np.array(False),
+            "step": np.array(self.at), "reason": np.array(reason)})
+        self.log(f"no (W, G) pairs: {reason}")
+
+
+def resolve_train_device(tc: dict, world: int) -> torch.device:
+    """The device of a run: ``train.device`` (:func:`mwm.config.resolve_device`), the local
+    rank's GPU under DDP; bfloat16 only on GPU."""
+    dev = resolve_device(tc["device"], "train.device")
+    if tc["dtype"] == "bfloat16" and dev.type != "cuda":
+        raise ConfigError("train.dtype=bfloat16 is allowed on GPU only; use float32 on CPU")
+    if world > 1 and dev.type == "cuda":
+        dev = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}")
+        torch.cuda.set_device(dev)
+    return dev
+
+
+LOG_COLUMNS = {"metrics": METRIC_COLUMNS, "eval": EVAL_COLUMNS, "spectral": SPECTRAL_COLUMNS,
+               "attention": ATTENTION_COLUMNS}
+
+
+# --------------------------------------------------------------------------------------
 # the run
 # --------------------------------------------------------------------------------------
 class Run:
     def __init__(self, cfg: dict, assignment: str, seed: int, retraction: str, out_root: Path,
                  rank: int = 0, world: int = 1):
         self.cfg, self.tc = cfg, cfg["train"]
+        tc = self.tc
         self.assignment, self.seed, self.retraction = assignment, seed, retraction
         self.rank, self.world, self.master = rank, world, rank == 0
         self.variant = variant_name(assignment, retraction, cfg["grid"].get("custom"))
-        self.dir = run_dir(out_root, cfg["name"], self.variant, seed)
-        self.ckpt_dir = checkpoint_dir(out_root, cfg["name"], self.variant, seed)
-        self.ckpt_path = self.ckpt_dir / "ckpt.pt"
-        tc = self.tc
-        dev = tc["device"]
-        if dev == "auto":
-            dev = "cuda" if torch.cuda.is_available() else "cpu"
-        if dev == "cuda" and not torch.cuda.is_available():
-            raise ConfigError("train.device=cuda but no CUDA device is available")
-        if tc["dtype"] == "bfloat16" and dev != "cuda":
-            raise ConfigError("train.dtype=bfloat16 is allowed on GPU only; use float32 on CPU")
-        if world > 1 and dev == "cuda":
-            dev = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
-            torch.cuda.set_device(dev)
-        self.device = torch.device(dev)
+        self.folder = RunFolder(out_root, cfg["name"], self.variant, seed)
+        self.dir, self.ckpt_path = self.folder.dir, self.folder.ckpt_path
+        self.device = resolve_train_device(tc, world)
         self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if tc["dtype"] == "bfloat16"
                          else nullcontext())
 
@@ -172,56 +316,46 @@ class Run:
         if tc["compile"]:
             self.fwd = torch.compile(self.fwd)
 
-        block = self.mcfg.block_size
-        self.train_sampler = Sampler(self.data.split("train"), block, seed=10_000 + seed)
-        # evaluation and probe batches: fixed by eval_seed, identical for every run of the config
-        eval_gen = torch.Generator().manual_seed(tc["eval_seed"])
-        self.eval_data = {s: self.data.split(s) for s in ("train", "val")}
-        self.eval_ix = {}
-        for split, arr in self.eval_data.items():
-            if len(arr) <= block + 1:
-                raise ConfigError(f"{split} split has {len(arr)} tokens, fewer than block_size + 2 = {block + 2}")
-            self.eval_ix[split] = torch.randint(len(arr) - block - 1, (tc["eval_iters"], tc["batch_size"]),
-                                                generator=eval_gen)
-        probe_ix = torch.randint(len(self.eval_data["val"]) - block - 1, (tc["probe_batch"],), generator=eval_gen)
-        self.probe = Sampler(self.eval_data["val"], block, 0).batch(probe_ix, self.device)[0]
-
+        self.train_sampler = Sampler(self.data.split("train"), self.mcfg.block_size, seed=10_000 + seed)
+        self.batches = FixedBatches(self.data, self.mcfg.block_size, tc, self.device)
+        self.divergence = DivergenceMonitor(tc["divergence"], self.log)
+        self.pairs = PairCapture(tc, self.dir, self.log)
+        self.logs: dict = {}
         self.step = 0
-        self.best_val = math.inf
         self.last_val = None
-        self.status = "completed"
-        self.onset = None
-        self.streak_start = None
-        self.streak = 0
         self.step_times: list[float] = []
         self.opt_shares: list[float] = []
         self.stop_flag = False
 
-    # -- logs ---------------------------------------------------------------------------
+    def log(self, msg: str):
+        if self.master:
+            print(f"[{self.variant} seed{self.seed}] {msg}", flush=True)
+
     def open_logs(self, resume_step: int):
-        if not self.master:
-            return
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.logs = {
-            "metrics": CsvLog(self.dir / "metrics.csv", METRIC_COLUMNS),
-            "eval": CsvLog(self.dir / "eval.csv", EVAL_COLUMNS),
-            "spectral": CsvLog(self.dir / "spectral.csv", SPECTRAL_COLUMNS),
-            "attention": CsvLog(self.dir / "attention.csv", ATTENTION_COLUMNS),
-        }
-        for log in self.logs.values():
-            log.truncate_from(resume_step)
+        if self.master:
+            self.logs = self.folder.open_logs(LOG_COLUMNS, resume_step)
 
     # -- checkpoint -----------------------------------------------------------------------
-    def state(self) -> dict:
+    def state_dict(self) -> dict:
         return {
             "step": self.step, "model": self.model.state_dict(), "optimizers": self.opts.state_dict(),
-            "best_val": self.best_val, "last_val": self.last_val, "status": self.status, "onset": self.onset,
-            "streak_start": self.streak_start, "streak": self.streak,
+            "last_val": self.last_val, **self.divergence.state_dict(),
             "step_times": self.step_times, "opt_shares": self.opt_shares,
             "rng_torch": torch.get_rng_state(), "sampler": self.train_sampler.gen.get_state(),
             "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
             "config_hash": config_hash(self._identity()),
         }
+
+    def load_state_dict(self, ck: dict) -> None:
+        self.model.load_state_dict(ck["model"])
+        self.opts.load_state_dict(ck["optimizers"])
+        self.divergence.load_state_dict(ck)
+        self.step, self.last_val, self.step_times, self.opt_shares = (ck["step"], ck["last_val"], ck["step_times"],
+                                                                      ck["opt_shares"])
+        torch.set_rng_state(ck["rng_torch"])
+        self.train_sampler.gen.set_state(ck["sampler"])
+        if ck["rng_cuda"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(ck["rng_cuda"])
 
     def _identity(self) -> dict:
         return {"model": self.cfg["model"], "train": self.cfg["train"], "data": self.cfg.get("data"),
@@ -229,40 +363,11 @@ class Run:
 
     def save_checkpoint(self):
         if self.master:
-            atomic_torch_save(self.ckpt_path, self.state())
-            self._mirror(self.dir, self.ckpt_dir / "logs")
-
-    def _mirror(self, src: Path, dst: Path) -> None:
-        """Copy the run's logs and spectra from ``src`` to ``dst``.
-
-        The workflow deletes a failed job's declared outputs (the logs) before it
-        retries; the copy beside the checkpoint lets the retry resume anyway.
-        """
-        import shutil
-
-        for name in ("metrics.csv", "eval.csv", "spectral.csv", "attention.csv", "pairs.npz"):
-            if (src / name).exists():
-                atomic_write(dst / name, lambda p, name=name: shutil.copyfile(src / name, p))
-        for sub in ("spectra", "sequence"):
-            if (src / sub).is_dir():
-                for f in sorted((src / sub).glob("step_*.npz")):
-                    if not (dst / sub / f.name).exists() or src != self.dir:
-                        atomic_write(dst / sub / f.name, lambda p, f=f: shutil.copyfile(f, p))
-
-    def _logs_reach(self, step: int) -> bool:
-        """Whether metrics.csv holds every step below ``step`` (so a resume can continue it)."""
-        from .io import read_csv_rows
-
-        path = self.dir / "metrics.csv"
-        if not path.exists():
-            return False
-        try:
-            steps = [int(r["step"]) for r in read_csv_rows(path)]
-        except (KeyError, ValueError):
-            return False
-        return set(range(step)) <= set(steps)
+            atomic_torch_save(self.ckpt_path, self.state_dict())
+            self.folder.save_mirror()
 
     def try_resume(self) -> int:
+        """Load the checkpoint if there is one the logs reach; the step to start from."""
         if not self.ckpt_path.exists():
             return 0
         try:  # tensors and plain containers only: a planted pickle cannot run code
@@ -271,96 +376,44 @@ class Run:
             raise ConfigError(f"checkpoint {self.ckpt_path} cannot be loaded as weights only ({type(exc).__name__}: "
                               f"{str(exc).splitlines()[0] if str(exc) else ''}); it is damaged or not written by "
                               f"mwm.train: delete it to start the run afresh") from exc
-        if not self._logs_reach(ck["step"]) and (self.ckpt_dir / "logs" / "metrics.csv").exists():
-            self.log("run logs missing or short (a retried job); restoring them from the checkpoint's copy")
-            self._mirror(self.ckpt_dir / "logs", self.dir)
-        if not self._logs_reach(ck["step"]):
-            self.log(f"checkpoint at step {ck['step']} but the run's logs do not reach it; starting afresh")
+        if not self.folder.logs_reach(ck["step"]) and self.folder.restore_mirror():
+            self.log("run logs missing or short (a retried job); restored them from the checkpoint's copy")
+        if not self.folder.logs_reach(ck["step"]):
+            self.log(f"checkpoint at step {ck['step']} but the run's logs do not reach it; starting afresh "
+                     "(its logs and checkpoint removed)")
+            if self.master:
+                self.folder.discard_stale()
             return 0
         if ck["config_hash"] != config_hash(self._identity()):
             raise ConfigError(
                 f"checkpoint {self.ckpt_path} belongs to a different configuration; "
                 "delete it or restore the config it was written with"
             )
-        self.model.load_state_dict(ck["model"])
-        self.opts.load_state_dict(ck["optimizers"])
-        for k in ("step", "best_val", "last_val", "status", "onset", "streak_start", "streak", "step_times",
-                  "opt_shares"):
-            setattr(self, k, ck[k])
-        torch.set_rng_state(ck["rng_torch"])
-        self.train_sampler.gen.set_state(ck["sampler"])
-        if ck["rng_cuda"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(ck["rng_cuda"])
+        self.load_state_dict(ck)
         return self.step
 
     # -- evaluation -----------------------------------------------------------------------
     @torch.no_grad()
-    def evaluate(self):
+    def evaluate(self) -> dict[str, float]:
         # the optimizers refuse to write diverged weights; this makes sure no
         # diagnostic (svdvals, eigh) ever sees one, whatever path the weights took
         bad = [n for n, p in self.model.named_parameters() if not bool(torch.isfinite(p.float().square().sum()))]
         if bad:
             raise FloatingPointError(f"weights {bad[:4]} hold NaN, Inf or overflowing values at step {self.step}")
-        self.model.eval()
-        losses = {}
-        for split, ix in self.eval_ix.items():
-            sampler = Sampler(self.eval_data[split], self.mcfg.block_size, 0)
-            tot = 0.0
-            for b in ix:
-                x, y = sampler.batch(b, self.device)
-                with self.autocast:
-                    _, loss = self.model(x, y)
-                tot += loss.item()
-            losses[split] = tot / len(ix)
-        self.model.train()
-        if not self.master:
-            return losses
-        step = self.step
-        self.logs["eval"].write(dict(step=step, train_loss=losses["train"], val_loss=losses["val"]))
-        rows, arrays = spectral_stats(self.model, self.opts.assignment, step)
-        self.logs["spectral"].write(rows)
-        atomic_savez(self.dir / "spectra" / f"step_{step:06d}.npz", arrays)
-        self.logs["attention"].write(attention_stats(self.model, self.probe, step))
+        losses = self.batches.losses(self.model, self.autocast)
+        if self.master:
+            step = self.step
+            self.logs["eval"].write(dict(step=step, train_loss=losses["train"], val_loss=losses["val"]))
+            rows, arrays = spectral_stats(self.model, self.opts.assignment, step)
+            self.logs["spectral"].write(rows)
+            atomic_savez(self.dir / "spectra" / f"step_{step:06d}.npz", arrays)
+            self.logs["attention"].write(attention_stats(self.model, self.batches.probe, step))
         return losses
 
-    def check_divergence(self, val: float):
-        div = self.tc["divergence"]
-        if not math.isfinite(val):
-            self._mark_unstable(self.step)
-            return True
-        if val < self.best_val:
-            self.best_val = val
-        if val > self.best_val + div["threshold"]:
-            if self.streak == 0:
-                self.streak_start = self.step
-            self.streak += 1
-            if self.streak >= div["patience"]:
-                self._mark_unstable(self.streak_start)
-                return div["stop"]
-        else:
-            self.streak, self.streak_start = 0, None
-        return False
-
-    def _mark_unstable(self, onset: int):
-        if self.status != "unstable":
-            self.status, self.onset = "unstable", onset
-            self.log(f"run marked unstable, onset step {onset}")
-
     # -- training -------------------------------------------------------------------------
-    def log(self, msg: str):
-        if self.master:
-            print(f"[{self.variant} seed{self.seed}] {msg}", flush=True)
-
-    def train_step(self) -> float:
-        tc = self.tc
-        it = self.step
-        lr = adamw_lr(it, tc["learning_rate"], tc["min_lr"], tc["warmup_iters"], tc["lr_decay_iters"],
-                      tc["decay_lr"])
-        mlr = tc["muon_lr"] * lr / tc["learning_rate"]
-        self.opts.set_lr(lr, mlr)
-        t0 = time.perf_counter()
-        accum = tc["grad_accum"]
-        bs = tc["batch_size"]
+    def forward_backward(self, it: int) -> float:
+        """Accumulate the gradients of step ``it``; its mean training loss (over ranks)."""
+        accum, bs = self.tc["grad_accum"], self.tc["batch_size"]
         # one global draw per step: every rank sees the same indices and takes its share,
         # so a run on k ranks with grad_accum a matches one rank with grad_accum k * a
         ix = self.train_sampler.indices(bs * accum * self.world).view(self.world, accum, bs)[self.rank]
@@ -379,89 +432,59 @@ class Run:
             t = torch.tensor([total], dtype=torch.float64, device=self.device)
             torch.distributed.all_reduce(t)
             total = t.item() / self.world
-        if not math.isfinite(total):
-            self._mark_unstable(it)
-            raise FloatingPointError(f"training loss is {total} at step {it}")
+        return total
+
+    def train_step(self) -> float:
+        tc, it = self.tc, self.step
+        lr, mlr = learning_rates(it, tc)
+        self.opts.set_lr(lr, mlr)
+        t0 = time.perf_counter()
+        loss = self.forward_backward(it)
+        if not math.isfinite(loss):
+            self.divergence.mark_unstable(it)
+            raise FloatingPointError(f"training loss is {loss} at step {it}")
         if tc["grad_clip"] > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc["grad_clip"])
-        seq = tc["capture_sequence"]
-        in_seq = seq is not None and seq["start"] <= it < seq["start"] + seq["length"]
-        capture = ((tc["capture_pairs_step"] is not None and it == tc["capture_pairs_step"]) or in_seq) \
-            and self.opts.muon
-        if capture:
-            self.opts.muon.capture = {}
+        pair_paths = self.pairs.paths(it) if self.opts.muon is not None else []
         t1 = time.perf_counter()
-        self.opts.step()
+        inputs = self.opts.step(inputs=bool(pair_paths))
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         t2 = time.perf_counter()
         self.opts.zero_grad()
-        if capture:
-            if tc["capture_pairs_step"] is not None and it == tc["capture_pairs_step"]:
-                self.save_pairs(self.opts.muon.capture)
-            if in_seq:
-                self.save_pairs(self.opts.muon.capture, self.dir / "sequence" / f"step_{it:06d}.npz")
-            self.opts.muon.capture = None
+        if self.master:
+            for path in pair_paths:
+                self.pairs.save(inputs, path, it)
         dt, opt_t = t2 - t0, t2 - t1
         self.step_times.append(dt)
         self.opt_shares.append(opt_t / dt)
         if self.master:
-            tokens = bs * accum * self.world * self.mcfg.block_size
-            self.logs["metrics"].write(dict(step=it, train_loss=total, lr=lr, muon_lr=mlr, step_time=dt,
-                                            tokens_per_s=tokens / dt, optimizer_time=opt_t,
-                                            optimizer_share=opt_t / dt))
-            if it % tc["log_interval"] == 0:
-                recent = self.step_times[-tc["log_interval"]:]
-                eta = (tc["max_iters"] - it - 1) * sum(recent) / len(recent)
-                self.log(f"step {it}/{tc['max_iters']} loss {total:.4f} lr {lr:.2e} "
-                         f"{1000 * sum(recent) / len(recent):.1f} ms/step {tokens / dt:,.0f} tok/s "
-                         f"opt {100 * opt_t / dt:.0f}% eta "
-                         + (f"{eta / 3600:.1f} h" if eta >= 3600 else f"{eta / 60:.1f} min" if eta >= 60 else f"{eta:.0f} s"))
-        return total
+            self.log_step(it, loss, lr, mlr, dt, opt_t)
+        return loss
 
-    def save_pairs(self, captured: dict, path: Path | None = None):
-        if not self.master:
-            return
-        names = sorted(captured)
-        arrays = {"names": np.array(names), "manifolds": np.array([captured[n][0] for n in names]),
-                  "captured": np.array(True), "step": np.array(self.step), "reason": np.array("")}
-        for i, n in enumerate(names):
-            arrays[f"W_{i}"] = captured[n][1].float().cpu().numpy()
-            arrays[f"G_{i}"] = captured[n][2].float().cpu().numpy()
-        atomic_savez(path or self.dir / "pairs.npz", arrays)
-        if path is None:
-            self.log(f"saved {len(names)} (W, G) pairs at step {self.step}")
+    def log_step(self, it: int, loss: float, lr: float, mlr: float, dt: float, opt_t: float) -> None:
+        tc = self.tc
+        tokens = tc["batch_size"] * tc["grad_accum"] * self.world * self.mcfg.block_size
+        self.logs["metrics"].write(dict(step=it, train_loss=loss, lr=lr, muon_lr=mlr, step_time=dt,
+                                        tokens_per_s=tokens / dt, optimizer_time=opt_t, optimizer_share=opt_t / dt))
+        if it % tc["log_interval"] == 0:
+            recent = self.step_times[-tc["log_interval"]:]
+            eta = (tc["max_iters"] - it - 1) * sum(recent) / len(recent)
+            self.log(f"step {it}/{tc['max_iters']} loss {loss:.4f} lr {lr:.2e} "
+                     f"{1000 * sum(recent) / len(recent):.1f} ms/step {tokens / dt:,.0f} tok/s "
+                     f"opt {100 * opt_t / dt:.0f}% eta "
+                     + (f"{eta / 3600:.1f} h" if eta >= 3600 else f"{eta / 60:.1f} min" if eta >= 60 else f"{eta:.0f} s"))
 
-    def pairs_not_captured(self) -> str | None:
-        """Why this run holds no pairs at ``capture_pairs_step`` (None: it does, or none asked)."""
-        cs = self.tc["capture_pairs_step"]
-        if cs is None or (self.dir / "pairs.npz").exists():
-            return None
-        if self.opts.muon is None:
-            return f"assignment {self.assignment} has no Muon matrices"
-        if cs >= self.tc["max_iters"]:
-            return f"capture_pairs_step {cs} is not below max_iters {self.tc['max_iters']}"
-        if self.status == "unstable" and self.step <= cs:
-            return f"the run became unstable at step {self.onset} and stopped at step {self.step}, before step {cs}"
-        return f"no pairs were saved at step {cs} (the run stopped at step {self.step})"
-
-    def save_no_pairs(self, reason: str):
-        """The declared pairs output of a run that has none: an explicit, empty file."""
-        if not self.master:
-            return
-        atomic_savez(self.dir / "pairs.npz", {
-            "names": np.array([], dtype=str), "manifolds": np.array([], dtype=str), "captured": np.array(False),
-            "step": np.array(self.tc["capture_pairs_step"]), "reason": np.array(reason)})
-        self.log(f"no (W, G) pairs: {reason}")
-
+    # -- outputs --------------------------------------------------------------------------
     def write_summary(self, status: str | None = None, error: str | None = None):
         if not self.master:
             return
         ev = self._eval_rows()
+        div = self.divergence
         summary = {
-            "status": status or self.status, "onset_step": self.onset, "steps_done": self.step,
+            "status": status or div.status, "onset_step": div.onset, "steps_done": self.step,
             "max_iters": self.tc["max_iters"], "final_val_loss": self.last_val,
-            "best_val_loss": None if not math.isfinite(self.best_val) else self.best_val,
+            "best_val_loss": None if not math.isfinite(div.best_val) else div.best_val,
             "final_train_loss": ev[-1]["train_loss"] if ev else None,
             "mean_step_time": float(np.mean(self.step_times[1:] or self.step_times)) if self.step_times else None,
             "optimizer_share": float(np.mean(self.opt_shares[1:] or self.opt_shares)) if self.opt_shares else None,
@@ -481,31 +504,31 @@ class Run:
         rows = read_csv_rows(p) if p.exists() else []
         return [{k: float(v) for k, v in r.items()} for r in rows]
 
-    def invalidate_products(self, start: int) -> None:
-        """Before the logs are cut back to ``start``: remove the summary and the products a
-        finished run leaves (final.pt; pairs.npz and spectra not before ``start``), so an
-        interrupted rerun never looks complete (the summary comes back at the end)."""
-        if not self.master:
-            return
-        (self.dir / "summary.json").unlink(missing_ok=True)
-        (self.dir / "final.pt").unlink(missing_ok=True)
-        cap = self.tc["capture_pairs_step"]
-        if cap is None or cap >= start:
-            (self.dir / "pairs.npz").unlink(missing_ok=True)
-        for f in (self.dir / "spectra").glob("step_*.npz"):
-            if int(f.stem.split("_")[1]) >= start:
-                f.unlink()
+    def finish(self, stopped: bool) -> None:
+        """The products of a run that ended (completed or unstable): pairs, final weights,
+        summary; the checkpoint goes (nothing left to resume)."""
+        if self.master:
+            missing = self.pairs.missing(self.assignment, self.opts.muon is not None, self.step, self.divergence)
+            if missing:
+                self.pairs.save_none(missing)
+            if self.tc["keep_final_checkpoint"]:
+                atomic_torch_save(self.dir / "final.pt", self.model.state_dict())
+        self.write_summary()
+        if self.master:
+            self.folder.drop_checkpoint()
+        self.log(f"done: status {self.divergence.status}" + (" (stopped at onset)" if stopped else ""))
 
     def run(self) -> int:
+        tc = self.tc
         start = self.try_resume()
-        self.invalidate_products(start)
+        if self.master:
+            self.folder.invalidate_products(start, tc["capture_pairs_step"])
         self.open_logs(start)
         if start:
             self.log(f"resumed from {self.ckpt_path} at step {start}")
         else:
             self.log(f"{self.model.num_params():,} parameters; assignment {self.assignment} "
                      f"({self.retraction} DGram retraction) on {self.device}")
-        tc = self.tc
         stopped = False
         try:
             while True:
@@ -513,18 +536,14 @@ class Run:
                     losses = self.evaluate()
                     self.last_val = losses["val"]
                     self.log(f"eval step {self.step}: train {losses['train']:.4f} val {losses['val']:.4f}")
-                    if self.check_divergence(losses["val"]):
+                    if self.divergence.check(self.step, losses["val"]):
                         stopped = True
                         break
                 if self.step >= tc["max_iters"]:
                     break
                 self.train_step()
                 self.step += 1
-                if self.world > 1:  # every rank stops at the same step, whichever got the signal
-                    flag = torch.tensor([float(self.stop_flag)], device=self.device)
-                    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-                    self.stop_flag = bool(flag.item())
-                if self.stop_flag:
+                if self.should_stop():
                     raise Preempted()
                 if self.step % tc["checkpoint_interval"] == 0:
                     self.save_checkpoint()
@@ -534,21 +553,18 @@ class Run:
             return EXIT_PREEMPTED
         except FloatingPointError as exc:
             self.log(f"non-finite values: {exc}")
-            self._mark_unstable(self.step)
+            self.divergence.mark_unstable(self.step)
             stopped = True
-        missing = self.pairs_not_captured()
-        if missing:
-            self.save_no_pairs(missing)
-        if self.master and tc["keep_final_checkpoint"]:
-            atomic_torch_save(self.dir / "final.pt", self.model.state_dict())
-        self.write_summary()
-        if self.master and self.ckpt_path.exists():
-            import shutil
-
-            self.ckpt_path.unlink()  # the run is complete: nothing left to resume
-            shutil.rmtree(self.ckpt_dir / "logs", ignore_errors=True)
-        self.log(f"done: status {self.status}" + (" (stopped at onset)" if stopped else ""))
+        self.finish(stopped)
         return 0
+
+    def should_stop(self) -> bool:
+        """Whether a signal asked to stop; every rank stops at the same step, whichever got it."""
+        if self.world > 1:
+            flag = torch.tensor([float(self.stop_flag)], device=self.device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            self.stop_flag = bool(flag.item())
+        return self.stop_flag
 
 
 def train(cfg: dict, assignment: str, seed: int, retraction: str | None = None,

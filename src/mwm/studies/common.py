@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from ..config import ConfigError, config_hash, load_config
+from ..config import resolve_device as _resolve_device
 from ..io import atomic_write_text  # the package's one atomic writer (umask-honouring)
 from ..manifolds import Manifold, get_manifold
 from ..msign import msign
@@ -46,12 +47,8 @@ def variant_manifold(variant: str) -> Manifold:
 
 
 def resolve_device(name: str) -> torch.device:
-    """``auto`` -> cuda when available, else cpu; ``cuda`` without a GPU is an error."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("studies.device is 'cuda' but no CUDA device is available (use auto or cpu)")
-    return torch.device(name)
+    """``studies.device`` as a torch device (:func:`mwm.config.resolve_device`)."""
+    return _resolve_device(name, "studies.device")
 
 
 def pair_seed(*parts: Any) -> int:
