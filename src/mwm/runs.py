@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-# the variant helpers live in mwm.names (torch-free); mwm.train imports them from here
-from .names import COLNORM_SUFFIX, NAMED_ASSIGNMENTS, is_colnorm, parse_variant, uses_dgram, variant_name
+from .names import COLNORM_SUFFIX, NAMED_ASSIGNMENTS, is_colnorm, uses_dgram, variant_name
 
 __all__ = ["RUN_FILES", "run_dir", "checkpoint_dir", "grid_variants", "assignment_spec", "check_grid",
            "run_config"]

@@ -52,7 +52,8 @@ from .diagnostics import ATTENTION_COLUMNS, SPECTRAL_COLUMNS, attention_stats, s
 from .io import atomic_savez, atomic_torch_save, atomic_write_json
 from .launch import launch, ranks_per_run, worker_exit, worker_started
 from .model import GPT, SIZES, GPTConfig
-from .runs import RunFolder, assignment_spec, check_grid, parse_variant, run_config, uses_dgram, variant_name
+from .names import parse_variant, uses_dgram, variant_name
+from .runs import RunFolder, assignment_spec, check_grid, run_config
 from .schedule import learning_rates
 
 __all__ = ["main", "train", "EXIT_PREEMPTED", "build_model_config", "resolve_data"]
