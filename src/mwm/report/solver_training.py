@@ -92,17 +92,17 @@ def _figure(runs, out: Path, comparisons: dict) -> None:
     fig, axes = plt.subplots(len(comparisons), 2, figsize=(style.FULL, 2.4 * len(comparisons)), squeeze=False)
     for row, (candidate, baseline) in zip(axes, comparisons.items()):
         seeds, base, cand = _paired(runs, baseline, candidate)
-        for rs, name, ls in ((base, baseline, "-"), (cand, candidate, "--")):
-            df = pd.concat([r.eval.set_index("step")["val_loss"] for r in rs], axis=1)
-            x = df.index.values
-            row[0].plot(x, df.mean(axis=1), color=style.color(baseline), ls=ls,
-                        label=f"{name} (mean of {len(rs)} seeds)")
-            if len(rs) > 1:
-                row[0].fill_between(x, df.min(axis=1), df.max(axis=1), color=style.color(baseline),
-                                    alpha=0.15 if ls == "-" else 0.3, lw=0)
+        # validation loss per step, one column per seed
         b = pd.concat([r.eval.set_index("step")["val_loss"] for r in base], axis=1)
         c = pd.concat([r.eval.set_index("step")["val_loss"] for r in cand], axis=1)
         c.columns = b.columns = seeds
+        for df, name, ls in ((b, baseline, "-"), (c, candidate, "--")):
+            x = df.index.values
+            row[0].plot(x, df.mean(axis=1), color=style.color(baseline), ls=ls,
+                        label=f"{name} (mean of {len(seeds)} seeds)")
+            if len(seeds) > 1:
+                row[0].fill_between(x, df.min(axis=1), df.max(axis=1), color=style.color(baseline),
+                                    alpha=0.15 if ls == "-" else 0.3, lw=0)
         diff = (c - b).dropna()
         spread = (b.max(axis=1) - b.min(axis=1)).reindex(diff.index)
         row[1].fill_between(diff.index.values, -spread, spread, color="#bbbbbb", alpha=0.5, lw=0,
