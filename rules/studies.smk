@@ -61,6 +61,7 @@ rule study_audits:
         config=CONFIG_FILE,
         out=lambda wildcards, output: os.path.dirname(output[0]),
         studies=CFG["studies"]["audits"],
+        train=CFG["train"],  # the growth bound over the config's own schedule
         spectral=lambda wildcards, input: f"--spectral {shlex.quote(str(input.spectral))}" if input.spectral else "",
     log:
         f"{LOGS}/studies/audits.log",
@@ -85,6 +86,8 @@ rule study_solvers:
         config=CONFIG_FILE,
         out=lambda wildcards, output: os.path.dirname(output[0]),
         studies=CFG["studies"]["solvers"],
+        train=CFG["train"],  # the capture trainings run the config's model and train section
+        model=CFG["model"],
     log:
         f"{LOGS}/studies/solvers.log",
     threads: threads("study")

@@ -26,6 +26,7 @@ outputs; ``sync`` pulls the config's pipeline, checks its outputs arrived, and r
 from __future__ import annotations
 
 import argparse
+import ast
 import difflib
 import fnmatch
 import functools
@@ -54,9 +55,10 @@ SCHEMA = PACKAGE / "schema"
 #: Config sections (DVC ``params``) the entry points of each rule file read, besides ``name``.
 #: ``grid`` for training: a variant's assignment (``grid.custom``) is read from it. The report
 #: reads other sections only to describe the scale; their changes reach it through its inputs.
-PARAMS = {"data": ("data",), "train": ("train", "model", "grid"), "studies": ("studies",), "report": ()}
-#: Subpackages an entry point imports besides its own (tests/test_dvc.py checks the imports).
-USES = {"train": ("data",)}
+#: The studies read ``train`` and ``model`` too: the solver study's capture trainings run them, the
+#: audits' growth bound follows the config's schedule.
+PARAMS = {"data": ("data",), "train": ("train", "model", "grid"), "studies": ("studies", "train", "model"),
+          "report": ()}
 #: Outputs that are checkpoints (large; kept out of ``dvc push`` by ``workflow.dvc_push_checkpoints``).
 CHECKPOINTS = ("*.pt",)
 #: Outputs listed under top-level ``metrics:``.
@@ -134,32 +136,57 @@ def snakemake_jobs(configfile: str, snakefile: str = SNAKEFILE, target: str = "a
 # --- code dependencies --------------------------------------------------------------------
 
 
-_IMPORTS = """
-import importlib, importlib.util, sys
-entry = sys.argv[1]
-importlib.import_module(entry)
-if importlib.util.find_spec(entry).submodule_search_locations:  # a package: what -m runs
-    importlib.import_module(entry + ".__main__")
-print("\\n".join(sorted(m.__file__ for n, m in sys.modules.items() if n.split(".")[0] == "mwm")))
-"""
+def _module_file(name: str) -> Path | None:
+    """The file of package module ``mwm.a.b`` (a package's ``__init__.py``), or None."""
+    base = PACKAGE.joinpath(*name.split(".")[1:])
+    for f in (base / "__init__.py", base.with_suffix(".py")):
+        if f.is_file():
+            return f
+    return None
+
+
+def _imports_of(name: str, path: Path) -> set[str]:
+    """The package modules named by the import statements of module ``name`` (file ``path``),
+    wherever they stand: inside functions too."""
+    package = (name if path.name == "__init__.py" else name.rpartition(".")[0]).split(".")
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.split(".")[0] == "mwm")
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            mod = ".".join(base + ([node.module] if node.module else []))
+            if mod.split(".")[0] == "mwm":
+                out.add(mod)
+                out.update(f"{mod}.{a.name}" for a in node.names)  # `from pkg import submodule`
+    return out
 
 
 @functools.lru_cache(maxsize=None)
 def imported_files(entry: str) -> tuple[str, ...]:
-    """The package's files that ``python -m entry`` imports (Python's answer: the modules
-    loaded after importing it), relative to the repository root."""
-    proc = subprocess.run([sys.executable, "-c", _IMPORTS, entry], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise DvcGenError(f"importing {entry} failed:\n{proc.stderr[-2000:]}")
-    root = PACKAGE.resolve()
-    return tuple(Path(f).resolve().relative_to(root).as_posix() for f in proc.stdout.split())
+    """The package's files that ``python -m entry`` may import, relative to ``src/mwm``: the
+    closure of the import statements from the entry module (a package's ``__main__`` too),
+    read from the source so that imports inside functions count, with every module's parent
+    packages (importing ``mwm.a.b`` runs ``mwm/a/__init__.py``)."""
+    if _module_file(entry) is None:
+        raise DvcGenError(f"entry point {entry}: no such module under {PACKAGE}")
+    todo, seen = [entry, f"{entry}.__main__"], {}
+    while todo:
+        parts = todo.pop().split(".")
+        for i in range(1, len(parts) + 1):
+            name = ".".join(parts[:i])
+            if name not in seen:
+                seen[name] = _module_file(name)
+                if seen[name] is not None:
+                    todo.extend(_imports_of(name, seen[name]))
+    return tuple(sorted(f.relative_to(PACKAGE).as_posix() for f in seen.values() if f is not None))
 
 
 def code_deps(kind: str, jobs: list[Job], imports=imported_files) -> list[str]:
     """Rule files, then the package code the jobs' ``python -m mwm...`` entry points import: a
-    top-level module as its file, a subpackage as its folder (with :data:`USES`, the subpackages
-    imported inside functions)."""
-    found = {f"{s}/" for s in USES.get(kind, ())}
+    top-level module as its file, a subpackage as its folder (:func:`imported_files`: imports
+    inside functions count, so the solver study, which trains, tracks the training code)."""
+    found = set()
     for job in jobs:
         # `python -m mwm.x`, and launchers that take a module the same way (`torchrun ... -m mwm.train`)
         entries = re.findall(r"(?:^|\s)-m\s+(mwm(?:\.\w+)*)", job.shellcmd)
