@@ -229,3 +229,22 @@ def test_capture_sequence_and_solver_study(tmp_path, monkeypatch):
     fig_solvers(st, tmp_path / "pf")
     assert (tmp_path / "pf" / "fig_solvers_pareto.png").stat().st_size > 1000
     assert len(pd.read_csv(tmp_path / "pf" / "table_solvers.csv")) == 2
+
+    # a config that reports the solver study alone (workflow.report: solvers) builds exactly
+    # its figure and table from results/studies/<name>/; the full report wants the runs too
+    from mwm.report.__main__ import build
+    from mwm.report.load import ReportError
+
+    results = tmp_path / "results"
+    (results / "studies").mkdir(parents=True)
+    (tmp_path / "study").rename(results / "studies" / cfg["name"])
+    with pytest.raises(ReportError, match="missing"):
+        build(cfg, results, tmp_path / "full")
+    cfg["workflow"]["report"] = "solvers"
+    out = build(cfg, results, tmp_path / "solvers_only")
+    assert sorted(p.name for p in out.iterdir()) == [
+        "fig_solvers_pareto.pdf", "fig_solvers_pareto.png", "table_solvers.csv", "table_solvers.md", "table_solvers.tex"]
+    assert (out / "table_solvers.csv").read_text() == (tmp_path / "pf" / "table_solvers.csv").read_text()
+    (results / "studies" / cfg["name"] / "solvers_derived.json").unlink()
+    with pytest.raises(ReportError, match="solvers_derived.json"):
+        build(cfg, results, tmp_path / "solvers_only")

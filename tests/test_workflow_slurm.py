@@ -183,6 +183,19 @@ def test_configfile_on_the_command_line_replaces_the_profiles():
         assert "slurm_partition" not in j["resources"] and "slurm_account" not in j["resources"], j
 
 
+def test_a_solver_report_config_runs_the_solver_study_alone():
+    """config/widths.yaml (workflow.report: solvers): `all` is the data, the solver study
+    (its own capture trainings inside) and a report of it; no training job, no other study."""
+    widths = ROOT / "config" / "widths.yaml"
+    assert load_config(widths)["workflow"]["report"] == "solvers"
+    proc = snakemake("--profile", "slurm", "--configfile", str(widths), "--dry-run", "--forceall", "--nolock", "all")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert parse_job_stats(out) == Counter(prepare_data=1, study_solvers=1, report=1, all=1)
+    report = next(j for j in parse_dry_run(out) if j["rule"] == "report")
+    assert report["resources"]["runtime"] == load_config(widths)["workflow"]["resources"]["report"]["runtime"]
+
+
 def test_lint_is_clean():
     proc = snakemake("--profile", "slurm", "--lint", "--nolock")
     out = proc.stdout + proc.stderr

@@ -3,7 +3,8 @@
     python -m mwm.report --config config/config.yaml [--results results] [--out paper_figures/<name>]
 
 Reads ``results/runs/<name>/...`` and ``results/studies/<name>/``; a run or
-study result the config asks for that is missing is an error naming it.
+study result the config asks for that is missing is an error naming it. A config
+with ``workflow.report: solvers`` gets the solver study's figure and table alone.
 """
 
 from __future__ import annotations
@@ -18,13 +19,17 @@ from ..runs import check_grid
 from .ledger import build_ledger, write_ledger
 from .load import ReportError, load_runs
 from .solver_training import solver_training_report
-from .studies import load_studies, studies_report
+from .studies import SOLVER_STUDY_FILES, load_studies, solver_study_report, studies_report
 from .training import training_report
 
 
 def build(cfg: dict, results: Path, out: Path) -> Path:
+    folder = inside(results / "studies", cfg["name"], what="config name")
+    if cfg["workflow"]["report"] == "solvers":  # a config that measures the inner solvers alone
+        solver_study_report(load_studies(folder, required=SOLVER_STUDY_FILES), out)
+        return out
     runs = load_runs(cfg, results)
-    studies = load_studies(inside(results / "studies", cfg["name"], what="config name"))
+    studies = load_studies(folder)
     out.mkdir(parents=True, exist_ok=True)
     numbers = training_report(cfg, runs, out)
     studies_report(studies, out)

@@ -15,7 +15,7 @@ from . import style
 from .load import ReportError
 from .tables import write_table
 
-__all__ = ["load_studies", "studies_report", "STUDY_FILES"]
+__all__ = ["load_studies", "studies_report", "solver_study_report", "STUDY_FILES", "SOLVER_STUDY_FILES"]
 
 STUDY_FILES = ("alpha_derived.json", "alpha_summary.csv", "alpha_trajectories.csv", "absorption_derived.json",
                "absorption_summary.csv", "audits.json", "softmax_jacobian.csv", "tangent_dims.csv")
@@ -25,14 +25,16 @@ STUDY_FILES = ("alpha_derived.json", "alpha_summary.csv", "alpha_trajectories.cs
 SOLVER_STUDY_FILES = ("solvers_summary.csv", "solvers_derived.json")
 
 
-def load_studies(folder: str | Path) -> dict:
+def load_studies(folder: str | Path, required: tuple[str, ...] = STUDY_FILES) -> dict:
+    """The study results under ``folder``: every ``required`` file (an error names the
+    missing ones) and the solver study's when present."""
     folder = Path(folder)
-    missing = [f for f in STUDY_FILES if not (folder / f).exists()]
+    missing = [f for f in required if not (folder / f).exists()]
     if missing:
         raise ReportError(f"study results missing in {folder}: {', '.join(missing)}")
     out = {}
-    optional = [f for f in SOLVER_STUDY_FILES if (folder / f).exists()]
-    for f in STUDY_FILES + tuple(optional):
+    optional = [f for f in SOLVER_STUDY_FILES if (folder / f).exists() and f not in required]
+    for f in required + tuple(optional):
         try:
             out[f] = json.loads((folder / f).read_text()) if f.endswith(".json") else pd.read_csv(folder / f)
         except Exception as exc:  # json or pandas errors
@@ -263,6 +265,14 @@ def fig_solvers(st: dict, out: Path) -> None:
                      "<= 1/2 cost": best.get("half_cost_met", False)})
     write_table(pd.DataFrame(rows), out, "table_solvers",
                 "Inner solvers on in-training sequences: the cheapest one matching the paper's e_W")
+
+
+def solver_study_report(st: dict, out: Path) -> None:
+    """The report of a config that measures the inner solvers alone (``workflow.report:
+    solvers``): the Pareto figure and its table."""
+    style.apply()
+    out.mkdir(parents=True, exist_ok=True)
+    fig_solvers(st, out)
 
 
 def studies_report(st: dict, out: Path) -> None:
