@@ -146,4 +146,4 @@ def report_category(wildcards):
         return "Ledger"
     if item.startswith("table"):
         return "Tables"
-    return "Studies" if item.startswith(("fig3", "fig_alpha")) else "Training"
+    return "Studies" if item.startswith(("fig3", "fig_alpha", "fig_solvers")) else "Training"
