@@ -248,3 +248,16 @@ def test_capture_sequence_and_solver_study(tmp_path, monkeypatch):
     (results / "studies" / cfg["name"] / "solvers_derived.json").unlink()
     with pytest.raises(ReportError, match="solvers_derived.json"):
         build(cfg, results, tmp_path / "solvers_only")
+
+
+def test_a_sequence_argument_that_is_no_run_folder_fails_before_any_work(tmp_path, capsys):
+    """`--sequence RUN key=value` hands the override to --sequence: named at once, nothing written."""
+    from mwm.studies.solvers import main
+
+    run = tmp_path / "run"
+    (run / "sequence").mkdir(parents=True)
+    cfg = fakedata.write_config(tmp_path / "tiny.yaml")
+    rc = main(["--config", str(cfg), "--out", str(tmp_path / "out"), "--sequence", str(run),
+               "studies.solvers.capture_length=2"])
+    assert rc == 2 and "--sequence studies.solvers.capture_length=2: no run folder" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -326,6 +326,10 @@ def run_solvers(cfg: dict, out: str | Path, config_path: str | None = None, sequ
     if sec["capture_start"] + sec["capture_length"] < 2:
         raise ConfigError("studies.solvers: capture_start + capture_length must be >= 2")
     cands = candidates(sec)
+    for s in sequence or ():  # before any work: `--sequence A key=value` reads the override as a run folder
+        if not (Path(s) / "sequence").is_dir():
+            raise FileNotFoundError(f"--sequence {s}: no run folder with a sequence/ folder there (dotted "
+                                    "overrides go before --sequence, which takes every argument after it)")
     runs = [Path(s) for s in sequence] if sequence else capture_sequences(cfg, sec, out / "_train", log)
     retraction = cfg["train"]["dgram_retraction"]
     rows, viol = [], []
