@@ -41,7 +41,9 @@ def _layer_of(name: str) -> int:
 
 
 def _one(W: torch.Tensor) -> tuple[dict, torch.Tensor, torch.Tensor]:
-    T = W.double()
+    """The statistics of one matrix, computed on a float64 copy on the CPU: on a GPU the
+    float64 SVD would be slow and sync anyway, and the arrays go to an NPZ file."""
+    T = W.detach().to(device="cpu", dtype=torch.float64)
     if T.shape[0] < T.shape[1]:
         T = T.T
     sv = torch.linalg.svdvals(T)
@@ -116,7 +118,10 @@ def attention_stats(model, probe: torch.Tensor, step: int) -> list[dict]:
         ent = -(s * torch.log(s.clamp_min(1e-300))).sum(-1)
         jac = softmax_jacobian_fro(s)
         sat = (s.amax(-1) > 0.99).double()
-        W = block.attn.c_attn.weight.double()
+        # per head, reduced over batch and rows on the logits' device, then read once
+        per_head = torch.stack([drange.amax((0, 2)), drange.mean((0, 2)), ent.mean((0, 2)), jac.mean((0, 2)),
+                                jac.amin((0, 2)), sat.mean((0, 2))]).cpu().tolist()
+        W = block.attn.c_attn.weight.detach().to(device="cpu", dtype=torch.float64)
         d = W.shape[1]
         nh = block.attn.n_head
         hs = d // nh
@@ -126,11 +131,10 @@ def attention_stats(model, probe: torch.Tensor, step: int) -> list[dict]:
             _, RQ = torch.linalg.qr(WQ[:, cols])
             _, RK = torch.linalg.qr(WK[:, cols])
             qk = torch.linalg.matrix_norm(RQ @ RK.T, 2).item()  # ||W_Q^h W_K^h^T||_2
+            rmax, rmean, emean, jmean, jmin, fsat = (col[h] for col in per_head)
             rows.append(dict(
-                step=step, layer=layer, head=h,
-                logit_range_max=drange[:, h].max().item(), logit_range_mean=drange[:, h].mean().item(),
-                entropy_mean=ent[:, h].mean().item(), jac_fro_mean=jac[:, h].mean().item(),
-                jac_fro_min=jac[:, h].min().item(), frac_saturated=sat[:, h].mean().item(),
+                step=step, layer=layer, head=h, logit_range_max=rmax, logit_range_mean=rmean,
+                entropy_mean=emean, jac_fro_mean=jmean, jac_fro_min=jmin, frac_saturated=fsat,
                 qk_spectral_norm=qk,
             ))
     return rows
