@@ -198,11 +198,16 @@ def config_hash(section: Any) -> str:
 def resolve_device(name: str, key: str = "device"):
     """The ``torch.device`` of a config's device setting ``key`` (training's and the
     studies' alike): ``auto`` is cuda when available, else cpu; ``cuda`` without a
-    GPU is a ConfigError."""
+    GPU (or ``cuda:N`` past the last GPU) is a ConfigError."""
     import torch
 
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"{key} is 'cuda' but no CUDA device is available (use auto or cpu)")
-    return torch.device(name)
+    dev = torch.device(name)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"{key} is {name!r} but no CUDA device is available (use auto or cpu)")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ConfigError(f"{key} is {name!r} but this machine has {torch.cuda.device_count()} CUDA device(s) "
+                              f"(cuda:0 .. cuda:{torch.cuda.device_count() - 1})")
+    return dev
