@@ -226,3 +226,47 @@ def test_two_ranks_equal_one_rank(tmp_path):
         assert torch.allclose(a[k], b[k], atol=2e-5, rtol=1e-4), k
     s = json.loads((tmp_path / "r2" / "runs" / "tiny" / "ddp" / "seed0" / "summary.json").read_text())
     assert s["world_size"] == 2
+
+
+def _tiny_run(tmp_path, assignment="hetero", **over):
+    cfg = load_config(fakedata.write_config(tmp_path / "tiny.yaml", **over))
+    return Run(cfg, assignment, 0, "paper", tmp_path / "out")
+
+
+def test_resume_loads_the_checkpoint_to_the_cpu_whatever_the_run_device(tmp_path):
+    """The RNG states must reach torch.set_rng_state as CPU tensors and AdamW's step
+    counters stay on the CPU: the checkpoint is loaded there, not onto the run's device
+    (on CUDA, map_location=device made every resume fail). A run whose device is the
+    meta device cannot have loaded its checkpoint onto it and resumed."""
+    run = _tiny_run(tmp_path)
+    run.open_logs(0)
+    for _ in range(4):
+        run.train_step()
+        run.step += 1
+    run.evaluate()
+    run.save_checkpoint()
+    want_rng, want_sampler = torch.get_rng_state(), run.train_sampler.gen.get_state()
+    torch.manual_seed(123)
+    again = _tiny_run(tmp_path)
+    again.device = torch.device("meta")  # what the checkpoint must not be mapped to
+    assert again.try_resume() == 4
+    assert torch.equal(torch.get_rng_state(), want_rng)
+    assert torch.equal(again.train_sampler.gen.get_state(), want_sampler)
+    for p, q in zip(again.model.parameters(), run.model.parameters()):
+        assert p.device.type == "cpu" and torch.equal(p, q)
+    steps = [s["step"] for s in again.opts.adamw.state.values()]
+    assert steps and all(t.device.type == "cpu" for t in steps)
+
+
+def test_model_and_optimizers_are_built_on_the_cpu_then_moved(tmp_path, monkeypatch):
+    """The Stiefel init (float64 SVD per matrix) runs on the CPU before the model moves,
+    and the optimizers hold the moved parameters (the same objects)."""
+    seen = []
+    svd = torch.linalg.svd
+    monkeypatch.setattr(torch.linalg, "svd", lambda A, *a, **k: seen.append(A.device.type) or svd(A, *a, **k))
+    monkeypatch.setattr("mwm.train.resolve_train_device", lambda tc, world: torch.device("meta"))
+    run = _tiny_run(tmp_path, assignment="stiefel")
+    assert seen and set(seen) == {"cpu"}
+    params = {id(p) for p in run.model.parameters()}
+    held = [p for opt in (run.opts.muon, run.opts.adamw) for g in opt.param_groups for p in g["params"]]
+    assert held and all(id(p) in params and p.device.type == "meta" for p in held)

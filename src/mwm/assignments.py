@@ -150,6 +150,19 @@ class Optimizers:
         bad = [n for (n, _), good in zip(items, ok.tolist()) if not good]
         raise FloatingPointError(f"AdamW {what} of [{', '.join(bad)}]: {msg}")
 
+    def follow(self, model: torch.nn.Module) -> None:
+        """Hold ``model``'s parameters as they are now: after ``model.to(device)``, which
+        may replace the parameter objects (the optimizers are built on the CPU, where the
+        manifold init runs, before the move). Only before the first step: no state yet."""
+        if any(o.state for o in self.all()):
+            raise RuntimeError("optimizers with state cannot follow a moved model")
+        now = dict(model.named_parameters())
+        moved = {id(p): now[n] for n, p in self._named}
+        for o in self.all():
+            for g in o.param_groups:
+                g["params"] = [moved[id(p)] for p in g["params"]]
+        self._named = [(n, now[n]) for n, _ in self._named]
+
     def set_lr(self, adamw_lr: float, muon_lr: float) -> None:
         for g in self.adamw.param_groups:
             g["lr"] = adamw_lr

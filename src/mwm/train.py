@@ -116,9 +116,14 @@ class Sampler:
         return torch.randint(len(self.data) - self.block - 1, (n,), generator=self.gen)
 
     def batch(self, ix: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The windows at ``ix`` as (input, target) on ``device``; to a GPU from pinned
+        memory without blocking (as the released code), so the host runs ahead."""
         rows = np.stack([np.asarray(self.data[i:i + self.block + 1], dtype=np.int64) for i in ix.tolist()])
         t = torch.from_numpy(rows)
-        return t[:, :-1].contiguous().to(device), t[:, 1:].contiguous().to(device)
+        x, y = t[:, :-1].contiguous(), t[:, 1:].contiguous()
+        if torch.device(device).type == "cuda":
+            return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+        return x.to(device), y.to(device)
 
 
 class Preempted(Exception):
@@ -271,8 +276,30 @@ def resolve_train_device(tc: dict, world: int) -> torch.device:
         raise ConfigError("train.dtype=bfloat16 is allowed on GPU only; use float32 on CPU")
     if world > 1 and dev.type == "cuda":
         dev = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}")
+    if dev.type == "cuda":  # cuda:N: the current device, so autocast, syncs and kernels use it
+        dev = torch.device("cuda", dev.index if dev.index is not None else torch.cuda.current_device())
         torch.cuda.set_device(dev)
     return dev
+
+
+def _printer(master: bool, prefix: str):
+    """A log function printing ``prefix msg`` on the master rank, silent on the others."""
+    def say(msg: str) -> None:
+        if master:
+            print(f"{prefix} {msg}", flush=True)
+
+    return say
+
+
+def set_matmul_precision(tc: dict, device: torch.device) -> None:
+    """``train.tf32``: TF32 for float32 matmuls and convolutions on a GPU, as the released
+    train.py sets it (``torch.backends.cuda.matmul.allow_tf32``, ``cudnn.allow_tf32``).
+    PyTorch's switch is global: the optimizer's float32 matmuls (the inner solver's
+    products; msign in bfloat16 is not affected) run in TF32 too, as they did there.
+    Off: full float32. No effect on CPU."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = bool(tc["tf32"])
+        torch.backends.cudnn.allow_tf32 = bool(tc["tf32"])
 
 
 LOG_COLUMNS = {"metrics": METRIC_COLUMNS, "eval": EVAL_COLUMNS, "spectral": SPECTRAL_COLUMNS,
@@ -298,8 +325,11 @@ class Run:
 
         self.data = resolve_data(cfg)
         self.mcfg = build_model_config(cfg, self.data.vocab_size)
+        set_matmul_precision(tc, self.device)
         torch.manual_seed(seed)
-        self.model = GPT(self.mcfg).to(self.device)
+        # built on the CPU, optimizers too (the Stiefel init's float64 SVDs run there), then
+        # moved; the optimizers then follow the moved parameters
+        self.model = GPT(self.mcfg)
         self.opts = build_optimizers(
             self.model, assignment_spec(cfg["grid"], assignment), adamw_lr=tc["learning_rate"], betas=(tc["beta1"], tc["beta2"]),
             weight_decay=tc["weight_decay"], muon_lr=tc["muon_lr"], momentum=tc["muon_momentum"],
@@ -307,6 +337,8 @@ class Run:
             dgram_retraction=retraction, msign_steps=tc["msign_steps"], msign_precision=tc["msign_precision"],
             solver=tc["solver"], solver_tol=tc["solver_tol"], warm_start=tc["warm_start"], rho=tc["admm_rho"],
         )
+        self.model.to(self.device)
+        self.opts.follow(self.model)
         if self.opts.muon is not None and world > 1:
             self.opts.muon.shard(rank, world)
         self.ddp = None
@@ -319,8 +351,11 @@ class Run:
 
         self.train_sampler = Sampler(self.data.split("train"), self.mcfg.block_size, seed=10_000 + seed)
         self.batches = FixedBatches(self.data, self.mcfg.block_size, tc, self.device)
-        self.divergence = DivergenceMonitor(tc["divergence"], self.log)
-        self.pairs = PairCapture(tc, self.dir, self.log)
+        # the parts log through a printer that holds no reference to the run (no cycle:
+        # a finished Run is freed at once, with its model and optimizer state)
+        self._say = _printer(self.master, f"[{self.variant} seed{self.seed}]")
+        self.divergence = DivergenceMonitor(tc["divergence"], self._say)
+        self.pairs = PairCapture(tc, self.dir, self._say)
         self.logs: dict = {}
         self.step = 0
         self.last_val = None
@@ -329,8 +364,7 @@ class Run:
         self.stop_flag = False
 
     def log(self, msg: str):
-        if self.master:
-            print(f"[{self.variant} seed{self.seed}] {msg}", flush=True)
+        self._say(msg)
 
     def open_logs(self, resume_step: int):
         if self.master:
@@ -372,7 +406,9 @@ class Run:
         if not self.ckpt_path.exists():
             return 0
         try:  # tensors and plain containers only: a planted pickle cannot run code
-            ck = torch.load(self.ckpt_path, map_location=self.device, weights_only=True)
+            # to the CPU: the RNG states must stay there, AdamW's step counters too (a GPU one
+            # costs a sync per step); load_state_dict puts weights and buffers on the device
+            ck = torch.load(self.ckpt_path, map_location="cpu", weights_only=True)
         except Exception as exc:
             raise ConfigError(f"checkpoint {self.ckpt_path} cannot be loaded as weights only ({type(exc).__name__}: "
                               f"{str(exc).splitlines()[0] if str(exc) else ''}); it is damaged or not written by "
@@ -418,7 +454,7 @@ class Run:
         # one global draw per step: every rank sees the same indices and takes its share,
         # so a run on k ranks with grad_accum a matches one rank with grad_accum k * a
         ix = self.train_sampler.indices(bs * accum * self.world).view(self.world, accum, bs)[self.rank]
-        total = 0.0
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
         for micro in range(accum):
             x, y = self.train_sampler.batch(ix[micro], self.device)
             sync = nullcontext()
@@ -428,14 +464,15 @@ class Run:
                 with self.autocast:
                     _, loss = self.fwd(x, y)
                 (loss / accum).backward()
-            total += loss.item() / accum
+            total += loss.detach().double() / accum  # summed on the device: one read per step
         if self.world > 1:
-            t = torch.tensor([total], dtype=torch.float64, device=self.device)
-            torch.distributed.all_reduce(t)
-            total = t.item() / self.world
-        return total
+            torch.distributed.all_reduce(total)
+            total /= self.world
+        return total.item()
 
-    def train_step(self) -> float:
+    def train_step(self, inputs: dict | None = None) -> float:
+        """One optimizer step at ``self.step``; its training loss. With a dict ``inputs``,
+        the Muon updates' (manifold, W, U) are added to it (bench_gpu's precision check)."""
         tc, it = self.tc, self.step
         lr, mlr = learning_rates(it, tc)
         self.opts.set_lr(lr, mlr)
@@ -448,14 +485,16 @@ class Run:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc["grad_clip"])
         pair_paths = self.pairs.paths(it) if self.opts.muon is not None else []
         t1 = time.perf_counter()
-        inputs = self.opts.step(inputs=bool(pair_paths))
+        consumed = self.opts.step(inputs=bool(pair_paths) or inputs is not None)
         if self.device.type == "cuda":
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(self.device)
         t2 = time.perf_counter()
         self.opts.zero_grad()
         if self.master:
             for path in pair_paths:
-                self.pairs.save(inputs, path, it)
+                self.pairs.save(consumed, path, it)
+        if inputs is not None and consumed:
+            inputs.update(consumed)
         dt, opt_t = t2 - t0, t2 - t1
         self.step_times.append(dt)
         self.opt_shares.append(opt_t / dt)
