@@ -39,6 +39,7 @@ there; it uses the ``direct`` order (the Gram order has no released counterpart)
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -85,12 +86,20 @@ class MixedProjector:
         if bad:
             raise ValueError(f"a mixed bank takes stiefel and dgram matrices only, got {bad}")
         self.names = names
-        self._keep = torch.tensor([0.0 if n == "dgram" else 1.0 for n in names])
+        self._keep_cpu = torch.tensor([0.0 if n == "dgram" else 1.0 for n in names])
+        self._keep: dict[tuple, torch.Tensor] = {}  # per (device, dtype): copied there once
+
+    def keep(self, like: torch.Tensor) -> torch.Tensor:
+        """The per-matrix diagonal factor (DGram 0, Stiefel 1) on ``like``'s device and dtype."""
+        key = (like.device, like.dtype)
+        if key not in self._keep:
+            self._keep[key] = self._keep_cpu.to(device=like.device, dtype=like.dtype)
+        return self._keep[key]
 
     def project_(self, S: torch.Tensor) -> torch.Tensor:
         if S.ndim != 3 or S.shape[0] != len(self.names):
             raise ValueError(f"mixed projector for {len(self.names)} matrices got shape {tuple(S.shape)}")
-        S.diagonal(dim1=-2, dim2=-1).mul_(self._keep.to(device=S.device, dtype=S.dtype)[:, None])
+        S.diagonal(dim1=-2, dim2=-1).mul_(self.keep(S)[:, None])
         return S
 
     def project(self, S: torch.Tensor) -> torch.Tensor:
@@ -104,9 +113,15 @@ def _as_manifold(manifold) -> Manifold | MixedProjector:
         return manifold
     if isinstance(manifold, str):
         return get_manifold(manifold)
-    names = list(manifold)
+    names = tuple(manifold)
     if len(set(names)) == 1:
         return get_manifold(names[0])
+    return _mixed(names)
+
+
+@functools.lru_cache(maxsize=256)
+def _mixed(names: tuple[str, ...]) -> MixedProjector:
+    """One projector per bank layout, so its mask is copied to the device once per run."""
     return MixedProjector(names)
 
 

@@ -40,6 +40,7 @@ what each update consumed, the (W, update direction) pairs the studies use.
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 
 import torch
@@ -167,13 +168,7 @@ class ManifoldMuon(torch.optim.Optimizer):
         """The bookkeeping of a step: banks, momentum buffers, sharding and broadcasts,
         around :func:`momentum_direction` and :func:`muon_update` (the math). With a dict
         ``inputs``, each computed matrix's ``(manifold, W, U)`` is added to it."""
-        # Refuse bad gradients before any weight or buffer is touched.
-        for group in self.param_groups:
-            for i, p in enumerate(group["params"]):
-                if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
-                    raise FloatingPointError(
-                        f"{self._name(group, i)}: gradient has NaN or Inf entries; no parameter was updated"
-                    )
+        self._check_grads()
         pieces = self._pieces(self._plan())
         error = None
         for owner, entries in pieces:
@@ -207,6 +202,19 @@ class ManifoldMuon(torch.optim.Optimizer):
                     dist.broadcast(L, src=owner)
                     for p, lam in zip(params, L):
                         self.state[p]["dual"].copy_(lam)
+
+    def _check_grads(self) -> None:
+        """Refuse bad gradients before any weight or buffer is touched: one flag per
+        matrix, stacked and read once (one host-device sync a step, not one a matrix)."""
+        live = [(group, i, p) for group in self.param_groups for i, p in enumerate(group["params"])
+                if p.grad is not None]
+        if not live:
+            return
+        flags = torch.stack([torch.isfinite(p.grad).all() for _, _, p in live])
+        if bool(flags.all()):
+            return
+        group, i, _ = live[int(flags.logical_not().nonzero()[0, 0])]
+        raise FloatingPointError(f"{self._name(group, i)}: gradient has NaN or Inf entries; no parameter was updated")
 
     def shard(self, rank: int, world: int) -> None:
         """Split the optimizer's work across ``world`` processes: the banks' matrices,
@@ -346,13 +354,20 @@ def muon_update(W: torch.Tensor, U: torch.Tensor, group: dict, manifolds: list[s
     else:
         W = torch.empty_like(pre)
         for name in kinds:
-            idx = torch.tensor([i for i, k in enumerate(manifolds) if k == name], device=pre.device)
+            idx = _index_of(tuple(manifolds), name, pre.device)
             W[idx] = get_manifold(name, group["dgram_retraction"]).retract(pre[idx], precision=prec)
     if not group["warm_start"]:
         return W, None
     if check is not None:
         check(res.Lambda, "inner-solver multiplier")
     return W, res.Lambda
+
+
+@functools.lru_cache(maxsize=256)
+def _index_of(manifolds: tuple[str, ...], name: str, device: torch.device) -> torch.Tensor:
+    """The positions of ``name`` in a mixed bank's ``manifolds``, as an index tensor on
+    ``device``, made once per bank layout (not copied to the device at every step)."""
+    return torch.tensor([i for i, k in enumerate(manifolds) if k == name], device=device)
 
 
 #: Manifolds whose projectors mix in one batched solve (:class:`~mwm.dual_ascent.MixedProjector`).
