@@ -1,52 +1,90 @@
-"""GPU check: the paper's model and batch, bf16, the five assignments, in a few minutes.
+"""GPU check: the paper's model and batch, bf16, every assignment, in a few minutes.
 
-For when a GPU is lent. On one device, through the package's own training step
-(``mwm.train.Run.train_step`` on random token ids, nothing read from disk but the
-config), for each assignment: ``--warmup`` untimed steps, then up to ``--steps``
-timed ones; printed: ms per step, its ratio to ``none`` (measured in the same run)
-beside the paper's H100 figures (Stiefel 5.8x, hetero 8.3x, DGram 13.6x), the
-optimizer's share of the step, peak memory, and the agreement of one Manifold Muon
-update computed with msign in bfloat16 (the released code's precision,
-``precision="bfloat16"``: native on a GPU, emulated on CPU) against the float32 control,
-on the weights and momentum captured at the last step and at the peak Muon learning rate.
+For when a GPU is lent (``scripts/gpu_check.sh`` runs it). On one device, through the
+package's own training step (``mwm.train.Run.train_step`` on random token ids, nothing
+read from disk but the config), for each assignment: ``--warmup`` untimed steps, then
+up to ``--steps`` timed ones. Printed per assignment:
 
-The model and batch come from ``--config`` (default config/paper.yaml: GPT-2 small,
-block 1024, vocab 50304, batch 64); ``--layers/--embd/--heads/--block/--vocab/--batch``
-shrink them (a tiny CPU run: ``--device cpu --layers 2 --embd 64 ...``). If a step runs
-out of GPU memory the micro-batch is halved and gradient accumulation doubled (the
-same tokens per step). ``--budget-s`` (default 450) caps the whole run: each
-assignment's timed steps are cut to fit its share of what is left.
+- ms per step and its ratio to ``none`` (measured in the same process) beside the
+  paper's H100 figures (Stiefel 5.8x, hetero 8.3x, DGram 13.6x) and this project's
+  goal (at most half of those; the ADMM row at most 1.5x none);
+- the optimizer's share of the step, peak memory, host-device syncs per step
+  (:class:`mwm.syncs.SyncCounter`: exact on CUDA, a proxy on CPU);
+- the optimizer's matmul FLOPs per step, counted from the Muon matrices' shapes and
+  the solver's iterations (:func:`optimizer_flops`), and the TFLOP/s they achieve in
+  the optimizer's time, against the GPU's bf16 dense peak;
+- the agreement of one Manifold Muon update with msign in bfloat16 (the released
+  precision: native on a GPU, emulated on CPU) against the float32 control.
 
-    python benchmarks/bench_gpu.py                      # on a GPU node, ~5-8 min
+The rows: the five assignments and ``hetero-admm``, hetero with the ADMM inner solver
+at the settings the solver study chose for GPT-2 small's shapes (:data:`ADMM_ROW`).
+For one assignment (``--exercise``, default hetero) it also times ``evaluate`` (with
+spectral and attention logging), ``save_checkpoint`` and a new ``Run``'s
+``try_resume``, then trains one more step from the resumed state: the paths a
+training job takes besides the step.
+
+The model, batch and speed settings (``train.compile``, ``train.tf32``, dtype, msign
+precision) come from ``--config`` (default config/paper.yaml: GPT-2 small, block 1024,
+vocab 50304, batch 64, compile and TF32 on as the released train.py); the header
+prints them. ``--layers/--embd/--heads/--block/--vocab/--batch`` shrink the model (a
+tiny CPU run: ``--device cpu --layers 2 --embd 64 ... --no-compile``). A step that
+runs out of GPU memory (PyTorch's OutOfMemoryError, or a cuBLAS/cuSOLVER allocation
+failure) halves the micro-batch and doubles gradient accumulation (the same tokens
+per step) and starts that assignment again. ``--budget-s`` (default 420) caps the
+whole run: each assignment's timed steps are cut to its share of what is left. With
+``--json`` the results are written after every assignment, so a time-out keeps what
+was measured.
+
+    python benchmarks/bench_gpu.py --json out.json             # on a GPU node, ~5-7 min
     python benchmarks/bench_gpu.py --device cpu --layers 2 --embd 64 --heads 2 --block 64 \\
-        --vocab 512 --batch 2 --steps 3 --warmup 1 --dual-steps 3
+        --vocab 512 --batch 2 --steps 3 --warmup 1 --dual-steps 3 --no-compile
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
+import platform
 import resource
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-ASSIGNMENTS = ["none", "stiefel", "dgram", "hetero", "hetero-inv"]
+ASSIGNMENTS = ["none", "stiefel", "dgram", "hetero", "hetero-inv", "hetero-admm"]
+#: The ADMM row: hetero with ADMM at what the solver study chose at GPT-2 small's shapes
+#: (config/widths.yaml; its table_solvers: 2 iterations, rho 2, warm start matched the
+#: paper's e_W for Stiefel at 0.20x the cost).
+ADMM_ROW = ("hetero", {"train.solver": "admm", "train.warm_start": True, "train.solver_max_steps": 2,
+                       "train.admm_rho": 2.0})
 #: ms/step relative to none on an H100, as the paper reports them
 PAPER_RATIO = {"stiefel": 5.8, "hetero": 8.3, "dgram": 13.6}
+#: this project's goal (issue 23): at most half the paper's ratio; ADMM at most 1.5x none
+GOAL_RATIO = {"stiefel": 2.9, "hetero": 4.2, "dgram": 6.8, "hetero-admm": 1.5}
+#: dense bf16 tensor-core peaks (TFLOP/s, the vendor's figures), by a name in the device's
+BF16_PEAK_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "L40S": 362.1}
+#: messages of allocation failures that are not torch.cuda.OutOfMemoryError
+_OOM_TEXT = ("out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUSOLVER_STATUS_ALLOC_FAILED",
+             "CUDNN_STATUS_ALLOC_FAILED", "cudaErrorMemoryAllocation")
 
 
-def make_config(args, micro_batch: int, accum: int) -> dict:
+def row_spec(name: str) -> tuple[str, dict]:
+    """The training assignment of a row and its config overrides."""
+    return ADMM_ROW if name == "hetero-admm" else (name, {})
+
+
+def make_config(args, micro_batch: int, accum: int, extra: dict | None = None) -> dict:
     from mwm.config import load_config
 
     over = {"train.device": args.device, "train.dtype": args.dtype, "train.batch_size": micro_batch,
-            "train.grad_accum": accum, "train.compile": False, "train.capture_pairs_step": None,
+            "train.grad_accum": accum, "train.capture_pairs_step": None,
             "train.eval_iters": 1, "train.probe_batch": 1, "train.log_interval": 10 ** 9, "grid.seeds": [0]}
+    if args.compile is not None:
+        over["train.compile"] = args.compile
     if args.dual_steps is not None:
         over["train.dual_ascent_steps"] = args.dual_steps
     shape = {"model.n_layer": args.layers, "model.n_embd": args.embd, "model.n_head": args.heads}
@@ -62,6 +100,7 @@ def make_config(args, micro_batch: int, accum: int) -> dict:
         over["model.block_size"] = args.block
     if args.vocab is not None:
         over["model.vocab_size"] = args.vocab
+    over.update(extra or {})
     return load_config(args.config, [f"{k}={json.dumps(v)}" for k, v in over.items()])
 
 
@@ -70,6 +109,49 @@ def _sync(device):
 
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def is_oom(exc: BaseException) -> bool:
+    """Whether ``exc`` is a GPU allocation failure (OutOfMemoryError, or a RuntimeError
+    from cuBLAS/cuSOLVER/cuDNN saying it could not allocate)."""
+    import torch
+
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and any(t in str(exc) for t in _OOM_TEXT)
+
+
+def msign_flops(m: int, n: int, steps: int) -> float:
+    """Matmul FLOPs of one Polar Express msign of a tall ``m x n`` matrix in the released
+    (direct, wide) order: per step ``S = X X^T``, ``S^2``, ``(...) X``."""
+    return steps * (4.0 * m * n * n + 2.0 * n ** 3)
+
+
+def update_flops(m: int, n: int, manifold: str, solver: str, iterations: int, msign_steps: int) -> float:
+    """Matmul FLOPs of one matrix's update: plain Muon one msign; Manifold Muon its inner
+    solver's iterations (dual ascent: one msign, ``W S`` and ``W^T A``; ADMM: two msigns
+    and five ``m x n x n`` products) and the retraction (Stiefel: one msign; DGram and
+    Oblique: the Gram matrix and one product)."""
+    ms = msign_flops(m, n, msign_steps)
+    if manifold == "none":
+        return ms
+    prod = 2.0 * m * n * n
+    per_iter = {"dual_ascent": ms + 2 * prod, "admm": 2 * ms + 5 * prod}[solver]
+    retract = ms if manifold == "stiefel" else 2 * prod
+    return iterations * per_iter + retract
+
+
+def optimizer_flops(muon) -> float:
+    """Matmul FLOPs per step of a :class:`~mwm.optim.ManifoldMuon` (0 without one),
+    from its matrices' shapes and each group's solver, iteration cap and msign steps."""
+    if muon is None:
+        return 0.0
+    total = 0.0
+    for g in muon.param_groups:
+        for p in g["params"]:
+            m, n = max(p.shape), min(p.shape)
+            total += update_flops(m, n, g["manifold"], g["solver"], g["dual_steps"], g["msign_steps"])
+    return total
 
 
 def agreement(captured: dict, cfg: dict, lr: float, device) -> dict:
@@ -105,9 +187,102 @@ def agreement(captured: dict, cfg: dict, lr: float, device) -> dict:
             "worst": worst}
 
 
-def bench_assignment(args, assignment: str, budget_s: float, out: Path) -> dict:
+def _peak_memory_gib(device) -> float:
     import torch
 
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2 ** 30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
+
+
+def _free() -> None:
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def exercise_run_paths(run, cfg, out: Path) -> dict:
+    """``evaluate`` (with spectral and attention logging), ``save_checkpoint``, and a new
+    ``Run`` on the same folder resuming from it and training one more step: their times,
+    and whether the resumed run continued where the first stopped."""
+    import torch
+
+    import mwm.train as T
+
+    t0 = time.perf_counter()
+    losses = run.evaluate()
+    _sync(run.device)
+    t1 = time.perf_counter()
+    run.save_checkpoint()
+    t2 = time.perf_counter()
+    again = T.Run(cfg, run.assignment, run.seed, run.retraction, out)
+    step = again.try_resume()
+    again.open_logs(step)
+    t3 = time.perf_counter()
+    same = step == run.step and all(torch.equal(p.detach().cpu(), q.detach().cpu())
+                                    for p, q in zip(again.model.parameters(), run.model.parameters()))
+    loss = again.train_step()
+    _sync(again.device)
+    return {"eval_s": t1 - t0, "checkpoint_s": t2 - t1, "resume_s": t3 - t2, "resumed_at": step,
+            "resumed_equal": bool(same), "loss_after_resume": loss, "val_loss": losses["val"]}
+
+
+def measure(args, name: str, batch: int, accum: int, budget_s: float, out: Path, exercise: bool) -> dict:
+    """One row: a Run of ``name``'s assignment, warm-up, timed steps, syncs, agreement."""
+    import torch
+
+    import mwm.train as T
+    from mwm.syncs import SyncCounter
+
+    assignment, extra = row_spec(name)
+    cfg = make_config(args, batch, accum, extra)
+    t_start = time.perf_counter()
+    if args.device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats(torch.device(args.device))
+    run = T.Run(cfg, assignment, 0, cfg["train"]["dgram_retraction"], out / name)
+    run.open_logs(0)
+    for _ in range(args.warmup):
+        run.train_step()
+        run.step += 1
+    est = statistics.median(run.step_times[1:] or run.step_times)
+    left = budget_s - (time.perf_counter() - t_start) - 3 * est  # syncs, capture, agreement
+    steps = max(1, min(args.steps, int(left / est))) if left > 0 else 1
+    n0 = len(run.step_times)
+    for _ in range(steps):
+        run.train_step()
+        run.step += 1
+    _sync(run.device)
+    times, shares = run.step_times[n0:], run.opt_shares[n0:]
+    with SyncCounter(run.device) as syncs:
+        run.train_step()
+    run.step += 1
+    captured: dict = {}
+    run.train_step(inputs=captured)  # also returns what the Muon updates consumed
+    run.step += 1
+    peak = _peak_memory_gib(run.device)
+    # at the peak Muon learning rate (the last step's is still in warm-up)
+    agree = agreement(captured, cfg, cfg["train"]["muon_lr"], run.device) if captured else None
+    ms = 1e3 * statistics.median(times)
+    opt_share = statistics.median(shares)
+    flops = optimizer_flops(run.opts.muon)
+    res = {"assignment": name, "trains": assignment, "overrides": extra, "params": run.model.num_params(),
+           "micro_batch": batch, "grad_accum": accum, "tokens_per_step": batch * accum * run.mcfg.block_size,
+           "timed_steps": len(times), "ms_per_step": ms, "ms_min": 1e3 * min(times), "opt_share": opt_share,
+           "peak_gib": peak, "syncs_per_step": syncs.count, "syncs_kind": syncs.kind,
+           "optimizer_gflop_per_step": flops / 1e9,
+           "optimizer_tflops": flops / (ms * opt_share / 1e3) / 1e12 if flops and opt_share > 0 else None,
+           "agreement": agree, "device": str(run.device), "dtype": cfg["train"]["dtype"]}
+    if exercise:
+        res["exercise"] = exercise_run_paths(run, cfg, out / name)
+    res["wall_s"] = time.perf_counter() - t_start
+    return res
+
+
+def bench_assignment(args, name: str, budget_s: float, out: Path, exercise: bool = False) -> dict:
+    """:func:`measure` on random token ids, halving the micro-batch on a GPU allocation
+    failure at any step (the same tokens per step through gradient accumulation)."""
     import mwm.train as T
     from bench_fullsize import RandomTokens
 
@@ -118,57 +293,18 @@ def bench_assignment(args, assignment: str, budget_s: float, out: Path) -> dict:
     data = RandomTokens(min(vocab, 50257), max(1_000_000, 4 * (cfg0["model"]["block_size"] + 2)))
     resolve = T.resolve_data
     T.resolve_data = lambda cfg: data
-    t_start = time.perf_counter()
     try:
         while True:
-            cfg = make_config(args, batch, accum)
-            run = T.Run(cfg, assignment, 0, cfg["train"]["dgram_retraction"], out)
-            run.open_logs(0)
-            if run.device.type == "cuda":
-                torch.cuda.empty_cache()
-                torch.cuda.reset_peak_memory_stats(run.device)
             try:
-                run.train_step()
-                run.step += 1
-                break
-            except torch.cuda.OutOfMemoryError:
-                if batch == 1:
+                return measure(args, name, batch, accum, budget_s, out, exercise)
+            except Exception as exc:  # noqa: BLE001 - only allocation failures are retried
+                if not is_oom(exc) or batch == 1:
                     raise
-                del run
-                torch.cuda.empty_cache()
+                print(f"  {name}: out of GPU memory ({type(exc).__name__}); micro-batch {batch // 2} x "
+                      f"grad_accum {accum * 2}", flush=True)
                 batch, accum = batch // 2, accum * 2
-                print(f"  {assignment}: out of memory; micro-batch {batch} x grad_accum {accum}", flush=True)
-        for _ in range(args.warmup - 1):
-            run.train_step()
-            run.step += 1
-        warm = run.step_times[1:] or run.step_times
-        est = statistics.median(warm)
-        left = budget_s - (time.perf_counter() - t_start) - 2 * est  # the capture step and the agreement check
-        steps = max(1, min(args.steps, int(left / est))) if left > 0 else 1
-        n0 = len(run.step_times)
-        captured, opts_step = {}, run.opts.step
-        for i in range(steps):
-            if i == steps - 1 and run.opts.muon is not None:  # the last step also returns its Muon inputs
-                run.opts.step = lambda inputs=False: captured.update(opts_step(inputs=True))
-            run.train_step()
-            run.step += 1
-        run.opts.step = opts_step
-        _sync(run.device)
-        times, shares = run.step_times[n0:], run.opt_shares[n0:]
-        peak = (torch.cuda.max_memory_allocated(run.device) / 2 ** 30 if run.device.type == "cuda"
-                else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20)
-        # at the peak Muon learning rate (the last step's is still in warm-up)
-        agree = agreement(captured, cfg, cfg["train"]["muon_lr"], run.device) if captured else None
-        res = {"assignment": assignment, "params": run.model.num_params(), "micro_batch": batch, "grad_accum": accum,
-               "tokens_per_step": batch * accum * run.mcfg.block_size, "timed_steps": len(times),
-               "ms_per_step": 1e3 * statistics.median(times), "ms_min": 1e3 * min(times),
-               "opt_share": statistics.median(shares), "peak_gib": peak, "agreement": agree,
-               "wall_s": time.perf_counter() - t_start, "device": str(run.device),
-               "dtype": cfg["train"]["dtype"]}
-        del run
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        return res
+            finally:
+                _free()  # the run (model, optimizer state, activations) is gone before the next
     finally:
         T.resolve_data = resolve
 
@@ -181,35 +317,69 @@ def load_batch(args) -> tuple[int, int]:
     return tc["batch_size"], tc["grad_accum"]
 
 
-def table(results: list[dict], args) -> str:
-    base = next((r["ms_per_step"] for r in results if r["assignment"] == "none"), None)
-    r0 = results[0]
-    lines = [f"device {r0['device']} ({_device_name(r0['device'])}), dtype {r0['dtype']}, {r0['params']:,} params, "
-             f"{r0['tokens_per_step']:,} tokens/step",
-             f"{'assignment':<11}{'batch':>10}{'steps':>6}{'ms/step':>10}{'x none':>8}{'paper H100':>11}"
-             f"{'opt %':>7}{'peak':>9}  msign {results[0]['agreement']['low'] if any(r['agreement'] for r in results) else '-'}"
-             f" vs float32 (one update, rel. Frobenius diff: max / median)"]
-    for r in results:
-        ratio = f"{r['ms_per_step'] / base:.2f}x" if base else "-"
-        paper = f"{PAPER_RATIO[r['assignment']]}x" if r["assignment"] in PAPER_RATIO else "-"
-        unit = "GiB"
-        ag = r["agreement"]
-        agtxt = (f"{ag['max_rel_diff']:.2e} / {ag['median_rel_diff']:.2e} ({ag['matrices']} matrices, worst "
-                 f"{ag['worst']})") if ag else "-"
-        lines.append(f"{r['assignment']:<11}{str(r['micro_batch']) + 'x' + str(r['grad_accum']):>10}"
-                     f"{r['timed_steps']:>6}{r['ms_per_step']:>10.1f}{ratio:>8}{paper:>11}"
-                     f"{100 * r['opt_share']:>7.1f}{r['peak_gib']:>6.2f} {unit}  {agtxt}")
-    return "\n".join(lines)
-
-
-def _device_name(device: str) -> str:
+def device_name(device: str) -> str:
     import torch
 
     if device.startswith("cuda") and torch.cuda.is_available():
         return torch.cuda.get_device_name(torch.device(device))
-    import platform
-
     return platform.processor() or platform.machine()
+
+
+def bf16_peak(name: str) -> float | None:
+    return next((v for k, v in BF16_PEAK_TFLOPS.items() if k in name), None)
+
+
+def settings(args) -> dict:
+    """What the numbers were measured under (the header of the table)."""
+    import torch
+
+    cfg = make_config(args, *(load_batch(args) if args.batch is None else (args.batch, 1)))
+    tc = cfg["train"]
+    name = device_name(args.device)
+    return {"device": args.device, "device_name": name, "torch": torch.__version__,
+            "cuda": torch.version.cuda, "python": platform.python_version(), "config": args.config,
+            "dtype": tc["dtype"], "compile": tc["compile"], "tf32": tc["tf32"],
+            "msign_precision": tc["msign_precision"], "msign_steps": tc["msign_steps"],
+            "dual_ascent_steps": tc["dual_ascent_steps"], "alpha": tc["dual_ascent_alpha"],
+            "bf16_peak_tflops": args.peak_tflops or bf16_peak(name)}
+
+
+def table(results: list[dict], st: dict) -> str:
+    base = next((r["ms_per_step"] for r in results if r["assignment"] == "none"), None)
+    r0 = results[0]
+    peak = st["bf16_peak_tflops"]
+    lines = [f"device {st['device']} ({st['device_name']}), torch {st['torch']} (CUDA {st['cuda']}), "
+             f"python {st['python']}",
+             f"settings: dtype {st['dtype']}, compile {st['compile']}, tf32 {st['tf32']} (the optimizer's float32 "
+             f"matmuls too), msign {st['msign_precision']} x {st['msign_steps']} steps, dual ascent "
+             f"{st['dual_ascent_steps']} steps alpha {st['alpha']}",
+             f"model: {r0['params']:,} params, {r0['tokens_per_step']:,} tokens/step; syncs: {r0['syncs_kind']}; "
+             f"bf16 peak {peak if peak else '-'} TFLOP/s",
+             f"{'assignment':<12}{'batch':>8}{'steps':>6}{'ms/step':>10}{'x none':>8}{'paper':>7}{'goal':>7}"
+             f"{'opt %':>7}{'peak':>10}{'syncs':>7}{'opt GFLOP':>11}{'TFLOP/s':>9}{'% peak':>8}"
+             f"  msign bf16 vs float32 (one update, rel. Frobenius diff: max / median)"]
+    for r in results:
+        ratio = f"{r['ms_per_step'] / base:.2f}x" if base else "-"
+        paper = f"{PAPER_RATIO[r['assignment']]}x" if r["assignment"] in PAPER_RATIO else "-"
+        goal = f"<={GOAL_RATIO[r['assignment']]}x" if r["assignment"] in GOAL_RATIO else "-"
+        tf = r["optimizer_tflops"]
+        ag = r["agreement"]
+        agtxt = (f"{ag['max_rel_diff']:.2e} / {ag['median_rel_diff']:.2e} ({ag['matrices']} matrices, worst "
+                 f"{ag['worst']})") if ag else "-"
+        lines.append(
+            f"{r['assignment']:<12}{str(r['micro_batch']) + 'x' + str(r['grad_accum']):>8}{r['timed_steps']:>6}"
+            f"{r['ms_per_step']:>10.1f}{ratio:>8}{paper:>7}{goal:>7}{100 * r['opt_share']:>7.1f}"
+            f"{r['peak_gib']:>6.2f} GiB{r['syncs_per_step']:>7}{r['optimizer_gflop_per_step']:>11.1f}"
+            f"{tf if tf is not None else float('nan'):>9.2f}"
+            f"{100 * tf / peak if tf is not None and peak else float('nan'):>8.1f}  {agtxt}")
+    for r in results:
+        ex = r.get("exercise")
+        if ex:
+            lines.append(f"{r['assignment']}: evaluate (spectral + attention logging) {ex['eval_s']:.2f} s, "
+                         f"save_checkpoint {ex['checkpoint_s']:.2f} s, new Run + try_resume {ex['resume_s']:.2f} s "
+                         f"(resumed at step {ex['resumed_at']}, weights equal: {ex['resumed_equal']}), "
+                         f"next step loss {ex['loss_after_resume']:.4f}")
+    return "\n".join(lines)
 
 
 def parse(argv=None):
@@ -218,9 +388,12 @@ def parse(argv=None):
     ap.add_argument("--device", default="cuda", help="cuda (default), cuda:N or cpu")
     ap.add_argument("--dtype", default=None, choices=["bfloat16", "float32"],
                     help="default: bfloat16 autocast on a GPU, float32 on CPU")
-    ap.add_argument("--steps", type=int, default=40, help="timed steps per assignment (fewer if the budget says)")
-    ap.add_argument("--warmup", type=int, default=3, help="untimed steps first (the first one also finds the batch)")
-    ap.add_argument("--budget-s", type=float, default=450.0, help="wall-clock cap of the whole run in seconds")
+    ap.add_argument("--compile", dest="compile", action="store_true", default=None,
+                    help="torch.compile the forward (default: the config's train.compile)")
+    ap.add_argument("--no-compile", dest="compile", action="store_false")
+    ap.add_argument("--steps", type=int, default=30, help="timed steps per assignment (fewer if the budget says)")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation happens there)")
+    ap.add_argument("--budget-s", type=float, default=420.0, help="wall-clock cap of the whole run in seconds")
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--embd", type=int, default=None)
     ap.add_argument("--heads", type=int, default=None)
@@ -230,7 +403,12 @@ def parse(argv=None):
     ap.add_argument("--dual-steps", type=int, default=None, help="default: the config's dual_ascent_steps")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--assignments", nargs="+", default=ASSIGNMENTS, choices=ASSIGNMENTS)
-    ap.add_argument("--json", default=None, help="also write the results to this JSON file")
+    ap.add_argument("--exercise", default="hetero", choices=ASSIGNMENTS + ["none-of-them"],
+                    help="the row that also exercises evaluate, save_checkpoint and try_resume")
+    ap.add_argument("--peak-tflops", type=float, default=None,
+                    help="the device's bf16 dense peak (default: looked up from its name)")
+    ap.add_argument("--out", default=None, help="folder for the runs' files (default: a temporary one)")
+    ap.add_argument("--json", default=None, help="write the results to this JSON file, after every assignment")
     args = ap.parse_args(argv)
     if args.dtype is None:
         args.dtype = "float32" if args.device == "cpu" else "bfloat16"
@@ -239,34 +417,37 @@ def parse(argv=None):
     return args
 
 
-def run(args) -> list[dict]:
+def run(args) -> tuple[dict, list[dict]]:
+    import tempfile
+
     import torch
+
+    from mwm.io import atomic_write_json
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.device.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise SystemExit("no CUDA device: run with --device cpu (and a tiny model) to test the script")
-        # no TF32 switch here: mwm.train does not set one, and this measures its step as it is
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device: run with --device cpu (and a tiny model) to test the script")
+    st = settings(args)
     t0 = time.perf_counter()
-    results = []
+    results: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="bench_gpu-") as tmp:
-        for i, assignment in enumerate(args.assignments):
-            left = args.budget_s - (time.perf_counter() - t0)
-            share = left / (len(args.assignments) - i)
-            r = bench_assignment(args, assignment, share, Path(tmp))
+        out = Path(args.out) if args.out else Path(tmp)
+        for i, name in enumerate(args.assignments):
+            share = (args.budget_s - (time.perf_counter() - t0)) / (len(args.assignments) - i)
+            r = bench_assignment(args, name, share, out, exercise=name == args.exercise)
             results.append(r)
-            print(f"{assignment}: {r['timed_steps']} timed steps, {r['ms_per_step']:.1f} ms/step, "
-                  f"{r['wall_s']:.0f} s", flush=True)
-    return results
+            print(f"{name}: {r['timed_steps']} timed steps, {r['ms_per_step']:.1f} ms/step, "
+                  f"{r['syncs_per_step']} syncs/step, {r['wall_s']:.0f} s", flush=True)
+            if args.json:
+                atomic_write_json(Path(args.json), {"settings": st, "results": results})
+    return st, results
 
 
 def main(argv=None) -> int:
     args = parse(argv)
-    results = run(args)
-    print(table(results, args))
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+    st, results = run(args)
+    print(table(results, st))
     return 0
 
 

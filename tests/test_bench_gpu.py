@@ -1,39 +1,127 @@
 """benchmarks/bench_gpu.py runs on CPU with a tiny model (no GPU in CI): every
-assignment is timed through mwm.train.Run, ratios to none and the paper's H100
-figures are printed, and the one-update precision check gives finite numbers."""
+assignment and the ADMM row are timed through mwm.train.Run, ratios to none and the
+paper's H100 figures are printed with the settings, syncs and FLOPs; the results are
+written after every assignment; one row exercises evaluate, checkpoint and resume; and
+the one-update precision check gives finite numbers."""
 
+import gc
 import importlib.util
+import json
 import math
+import weakref
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--device", "cpu", "--layers", "2", "--embd", "32", "--heads", "2", "--block", "32", "--vocab", "320",
+        "--batch", "2", "--steps", "3", "--warmup", "2", "--dual-steps", "3", "--threads", "1", "--no-compile"]
 
 
-def test_bench_gpu_runs_on_cpu_tiny(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_gpu", ROOT / "benchmarks" / "bench_gpu.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_bench_gpu_runs_on_cpu_tiny(tmp_path, capsys, bench):
     import mwm.train
 
-    spec = importlib.util.spec_from_file_location("bench_gpu", ROOT / "benchmarks" / "bench_gpu.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     resolve = mwm.train.resolve_data
     out = tmp_path / "r.json"
-    assert bench.main(["--device", "cpu", "--layers", "2", "--embd", "32", "--heads", "2", "--block", "32",
-                       "--vocab", "320", "--batch", "2", "--steps", "3", "--warmup", "2", "--dual-steps", "3",
-                       "--threads", "1", "--json", str(out)]) == 0
+    assert bench.main(TINY + ["--json", str(out)]) == 0
     assert mwm.train.resolve_data is resolve
     text = capsys.readouterr().out
-    import json
-
-    results = {r["assignment"]: r for r in json.loads(out.read_text())}
+    doc = json.loads(out.read_text())
+    st = doc["settings"]
+    assert st["compile"] is False and st["dtype"] == "float32" and st["msign_precision"] == "bfloat16"
+    assert st["tf32"] is True  # paper.yaml: as the released train.py
+    assert "compile False, tf32 True" in text
+    results = {r["assignment"]: r for r in doc["results"]}
     assert list(results) == bench.ASSIGNMENTS
     for name, r in results.items():
         assert r["timed_steps"] == 3 and r["ms_per_step"] > 0 and 0 < r["opt_share"] < 1
         assert r["params"] == results["none"]["params"] and r["tokens_per_step"] == 64
+        assert 0 < r["syncs_per_step"] < 20 and r["optimizer_gflop_per_step"] > 0
         ag = r["agreement"]
         assert ag["low"] == "bfloat16" and ag["matrices"] == 8  # 4 Muon matrices per layer
         # bf16 rounding moves the update (how far is the measurement: square matrices on a
         # manifold are ill-conditioned at this tiny size, so no bound is asserted here)
         assert 0 < ag["median_rel_diff"] <= ag["max_rel_diff"] and math.isfinite(ag["max_rel_diff"])
+    admm = results["hetero-admm"]
+    assert admm["trains"] == "hetero" and admm["overrides"]["train.solver"] == "admm"
+    # 2 ADMM iterations at 2 msign-equivalents each against --dual-steps 3 of dual ascent
+    # (the paper's 20 cost 5x more: test_flop_count_follows_the_shapes_and_iterations)
+    assert admm["optimizer_gflop_per_step"] > results["hetero"]["optimizer_gflop_per_step"]
+    ex = results["hetero"]["exercise"]
+    assert ex["resumed_equal"] and ex["resumed_at"] > 0 and math.isfinite(ex["loss_after_resume"])
+    assert all("exercise" not in r for n, r in results.items() if n != "hetero")
     for name, paper in (("stiefel", "5.8x"), ("hetero", "8.3x"), ("dgram", "13.6x")):
         line = next(ln for ln in text.splitlines() if ln.startswith(name + " "))
         assert paper in line and f"{results[name]['ms_per_step'] / results['none']['ms_per_step']:.2f}x" in line
+
+
+def test_results_are_written_after_each_assignment(tmp_path, bench, monkeypatch):
+    """A run cut short keeps what it measured: the JSON holds every finished row."""
+    out = tmp_path / "r.json"
+    seen = []
+    real = bench.bench_assignment
+
+    def second_fails(args, name, *a, **k):
+        if seen:
+            raise KeyboardInterrupt  # the time-out, during the second assignment
+        seen.append(name)
+        return real(args, name, *a, **k)
+
+    monkeypatch.setattr(bench, "bench_assignment", second_fails)
+    with pytest.raises(KeyboardInterrupt):
+        bench.main(TINY + ["--assignments", "none", "stiefel", "--json", str(out)])
+    assert [r["assignment"] for r in json.loads(out.read_text())["results"]] == ["none"]
+
+
+def test_a_finished_run_is_freed(tmp_path, bench, monkeypatch):
+    """No reference cycle keeps a measured Run (and its model) alive into the next row."""
+    import mwm.train
+
+    refs = []
+    real_init = mwm.train.Run.__init__
+
+    def init(self, *a, **k):
+        real_init(self, *a, **k)
+        refs.append(weakref.ref(self.model))
+
+    import torch._dynamo  # noqa: F401 - imported lazily by the first optimizer, whose frames its import keeps
+
+    monkeypatch.setattr(mwm.train.Run, "__init__", init)
+    monkeypatch.setattr(bench, "_free", lambda: None)  # its gc.collect() would hide a cycle
+    gc.disable()  # freed by reference counting alone, not by a later collection
+    try:
+        assert bench.main(TINY + ["--assignments", "stiefel", "--exercise", "none-of-them"]) == 0
+        assert refs and all(r() is None for r in refs)
+    finally:
+        gc.enable()
+
+
+@pytest.mark.parametrize("text,oom", [
+    ("CUDA out of memory. Tried to allocate 2.00 GiB", True),
+    ("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`", True),
+    ("cusolver error: CUSOLVER_STATUS_ALLOC_FAILED", True),
+    ("shape mismatch", False),
+])
+def test_allocation_failures_of_every_library_count_as_out_of_memory(bench, text, oom):
+    assert bench.is_oom(RuntimeError(text)) is oom
+    assert bench.is_oom(ValueError(text)) is False
+
+
+def test_flop_count_follows_the_shapes_and_iterations(bench):
+    m, n = 3072, 768
+    ms = bench.msign_flops(m, n, 10)
+    assert ms == 10 * (4 * m * n * n + 2 * n ** 3)
+    assert bench.update_flops(m, n, "none", "dual_ascent", 20, 10) == ms
+    stiefel = bench.update_flops(m, n, "stiefel", "dual_ascent", 20, 10)
+    assert stiefel == 20 * (ms + 4 * m * n * n) + ms
+    # ADMM: two msigns an iteration, so 2 iterations cost about 4 of dual ascent's msigns
+    admm = bench.update_flops(m, n, "dgram", "admm", 2, 10)
+    assert 4 * ms < admm < stiefel / 4
