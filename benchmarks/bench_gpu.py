@@ -348,11 +348,12 @@ def table(results: list[dict], st: dict) -> str:
     base = next((r["ms_per_step"] for r in results if r["assignment"] == "none"), None)
     r0 = results[0]
     peak = st["bf16_peak_tflops"]
+    tf32_scope = "the optimizer's float32 matmuls too" if st["device"].startswith("cuda") else "no effect on CPU"
     lines = [f"device {st['device']} ({st['device_name']}), torch {st['torch']} (CUDA {st['cuda']}), "
              f"python {st['python']}",
-             f"settings: dtype {st['dtype']}, compile {st['compile']}, tf32 {st['tf32']} (the optimizer's float32 "
-             f"matmuls too), msign {st['msign_precision']} x {st['msign_steps']} steps, dual ascent "
-             f"{st['dual_ascent_steps']} steps alpha {st['alpha']}",
+             f"settings: dtype {st['dtype']}, compile {st['compile']}, tf32 {st['tf32']} ({tf32_scope}), "
+             f"msign {st['msign_precision']} x {st['msign_steps']} steps, dual ascent {st['dual_ascent_steps']} "
+             f"steps alpha {st['alpha']}",
              f"model: {r0['params']:,} params, {r0['tokens_per_step']:,} tokens/step; syncs: {r0['syncs_kind']}; "
              f"bf16 peak {peak if peak else '-'} TFLOP/s",
              f"{'assignment':<12}{'batch':>8}{'steps':>6}{'ms/step':>10}{'x none':>8}{'paper':>7}{'goal':>7}"
