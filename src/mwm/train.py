@@ -342,7 +342,7 @@ class Run:
         if self.opts.muon is not None and world > 1:
             self.opts.muon.shard(rank, world)
         self.ddp = None
-        if world > 1:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():  # torchrun, or one rank
             from torch.nn.parallel import DistributedDataParallel as DDP
             self.ddp = DDP(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
         self.fwd = self.ddp if self.ddp is not None else self.model
