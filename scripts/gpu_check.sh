@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# The GPU check: one command to run as is on a lent GPU machine (README, "Running on a GPU").
+#
+#   bash scripts/gpu_check.sh --prepare     on a CPU machine with pip: download the wheels the GPU
+#                                           image lacks (jsonschema and its needs) into .whl/ (ignored)
+#   bash scripts/gpu_check.sh OUTDIR        on the GPU machine: install the carried wheels (if .whl/ has
+#                                           any) into a private folder, check the imports, run the gpu
+#                                           test tier, then benchmarks/bench_gpu.py within its budget
+#   bash scripts/gpu_check.sh --cpu OUTDIR  the same sequence on the CPU with a tiny model (no wheels):
+#                                           tests/test_gpu_check.py runs it, so the script is known to
+#                                           work before any GPU is lent
+#
+# OUTDIR gets: versions.txt, gpu_tier.log, bench_gpu.log, bench_gpu.json, summary.txt. The package
+# runs from the source tree (PYTHONPATH=src): nothing is installed over the machine's own torch.
+# At most about 8 minutes in all (tier <= 150 s, bench <= 330 s); exit status non-zero if any
+# test or the bench fails.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+WHEELS=.whl
+# what the GPU image (Python 3.12, PyTorch 2.11) lacks; versions as the CI install resolves them
+NEEDS=(jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1)
+
+usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+
+if [[ ${1:-} == --prepare ]]; then
+    mkdir -p "$WHEELS"
+    plat=()
+    for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64; do
+        plat+=(--platform "$p")
+    done
+    $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        "${plat[@]}" -d "$WHEELS" "${NEEDS[@]}" || { echo "gpu_check: pip download failed" >&2; exit 1; }
+    ls -1 "$WHEELS"
+    echo "gpu_check: wheels in $WHEELS/ (carry it to the GPU machine with the tree)"
+    exit 0
+fi
+
+mode=gpu
+if [[ ${1:-} == --cpu ]]; then mode=cpu; shift; fi
+[[ $# -eq 1 && ${1:0:1} != - ]] || usage
+OUT=$1
+mkdir -p "$OUT" || { echo "gpu_check: cannot create $OUT" >&2; exit 2; }
+OUT=$(cd "$OUT" && pwd)
+export PYTHONUNBUFFERED=1
+status=0
+note() { echo "gpu_check: $*" | tee -a "$OUT/summary.txt"; }
+: >"$OUT/summary.txt"
+
+# -- 1. the carried wheels, into a private folder -------------------------------------------
+if [[ $mode == gpu ]] && compgen -G "$WHEELS/*.whl" >/dev/null; then
+    site=$(mktemp -d /tmp/mwm-site.XXXXXX)
+    if $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
+        "$WHEELS"/*.whl; then
+        export PYTHONPATH="$site"
+        note "installed $(ls "$WHEELS"/*.whl | wc -l) carried wheels into $site"
+    else
+        note "FAILED to install the wheels in $WHEELS/"; status=1
+    fi
+fi
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+
+# -- 2. imports and versions ------------------------------------------------------------------
+if ! $PY - >"$OUT/versions.txt" 2>&1 <<'EOF'
+import platform
+from importlib.metadata import version
+import torch, numpy, yaml, jsonschema
+import mwm, mwm.train, mwm.config, mwm.syncs
+print(f"python {platform.python_version()}, torch {torch.__version__} (CUDA {torch.version.cuda}), "
+      f"numpy {numpy.__version__}, jsonschema {version('jsonschema')}, mwm {mwm.__version__} from {mwm.__file__}")
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    print(f"GPU {p.name}, {p.total_memory / 2**30:.0f} GiB, {p.multi_processor_count} SMs, "
+          f"capability {p.major}.{p.minor}, bf16 {torch.cuda.is_bf16_supported()}")
+else:
+    print("no CUDA device")
+EOF
+then
+    cat "$OUT/versions.txt" >&2
+    note "FAILED: the package does not import (versions.txt)"; exit 1
+fi
+note "$(cat "$OUT/versions.txt" | tr '\n' ' ')"
+if [[ $mode == gpu ]] && ! grep -q "^GPU " "$OUT/versions.txt"; then
+    note "FAILED: no CUDA device here; use --cpu on a machine without one"; exit 1
+fi
+
+# -- 3. the gpu test tier -----------------------------------------------------------------------
+device=cuda
+[[ $mode == cpu ]] && device=cpu
+start=$SECONDS
+MWM_TEST_DEVICE=$device timeout 150 $PY -m pytest -q -s -p no:cacheprovider -m gpu tests/test_gpu.py \
+    >"$OUT/gpu_tier.log" 2>&1
+rc=$?
+tier=$(grep -E "^[0-9]+ (passed|failed)|^=+ .*(passed|failed|error)" "$OUT/gpu_tier.log" | tail -n 1)
+note "gpu tier on $device: rc $rc, $((SECONDS - start)) s: ${tier:-no summary line (timed out?)}"
+grep -oE "msign bf16 \(.*" "$OUT/gpu_tier.log" | while read -r line; do note "  $line"; done
+[[ $rc -eq 0 ]] || status=1
+
+# -- 4. the benchmark -----------------------------------------------------------------------
+start=$SECONDS
+if [[ $mode == gpu ]]; then
+    bench=(--budget-s 330)
+    limit=380
+else
+    bench=(--device cpu --layers 2 --embd 32 --heads 2 --block 32 --vocab 320 --batch 2 --steps 3 --warmup 2
+           --dual-steps 3 --threads 1 --no-compile --budget-s 60)
+    limit=240
+fi
+timeout $limit $PY benchmarks/bench_gpu.py "${bench[@]}" --json "$OUT/bench_gpu.json" >"$OUT/bench_gpu.log" 2>&1
+rc=$?
+note "bench_gpu: rc $rc, $((SECONDS - start)) s (results in bench_gpu.json, written after every assignment)"
+sed -n '/^device /,$p' "$OUT/bench_gpu.log" | tee -a "$OUT/summary.txt"
+if [[ $rc -ne 0 ]]; then
+    tail -n 20 "$OUT/bench_gpu.log" | tee -a "$OUT/summary.txt"
+    status=1
+fi
+note "done: exit $status"
+exit $status

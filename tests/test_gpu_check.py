@@ -1,0 +1,41 @@
+"""scripts/gpu_check.sh --cpu: the GPU check's whole sequence (imports, the gpu test
+tier, bench_gpu) on the CPU with a tiny model, so the script is known to work before a
+GPU is lent; and it refuses a bad command line."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "gpu_check.sh"
+
+
+def test_gpu_check_runs_on_cpu(tmp_path):
+    env = dict(os.environ, PYTHON=sys.executable)
+    res = subprocess.run(["bash", str(SCRIPT), "--cpu", str(tmp_path / "out")], capture_output=True, text=True,
+                         env=env, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    out = tmp_path / "out"
+    for name in ("versions.txt", "gpu_tier.log", "bench_gpu.log", "bench_gpu.json", "summary.txt"):
+        assert (out / name).is_file(), name
+    summary = (out / "summary.txt").read_text()
+    assert "gpu tier on cpu: rc 0" in summary and "passed" in summary and "done: exit 0" in summary
+    assert summary.count("msign bf16 (") == 3  # the native-vs-emulation figures, one per shape
+    rows = json.loads((out / "bench_gpu.json").read_text())["results"]
+    assert [r["assignment"] for r in rows][:1] == ["none"] and len(rows) == 6
+    assert "x none" in summary and "hetero-admm" in summary
+
+
+def test_gpu_check_refuses_a_bad_command_line(tmp_path):
+    for args in ([], ["--cpu"], ["--bogus"], ["a", "b"]):
+        res = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=60)
+        assert res.returncode == 2 and "gpu_check.sh --prepare" in res.stdout, args
+
+
+def test_gpu_check_without_a_gpu_says_so(tmp_path):
+    env = dict(os.environ, PYTHON=sys.executable, CUDA_VISIBLE_DEVICES="")
+    res = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out")], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert res.returncode == 1 and "no CUDA device here; use --cpu" in res.stdout
