@@ -203,13 +203,13 @@ class FixedBatches:
         model.eval()
         out = {}
         for split, ix in self.ix.items():
-            tot = 0.0
+            tot = torch.zeros((), dtype=torch.float64, device=self.device)
             for b in ix:
                 x, y = self.samplers[split].batch(b, self.device)
                 with autocast:
                     _, loss = model(x, y)
-                tot += loss.item()
-            out[split] = tot / len(ix)
+                tot += loss.double()  # summed on the device, read once per split
+            out[split] = tot.item() / len(ix)
         model.train()
         return out
 
@@ -434,7 +434,9 @@ class Run:
     def evaluate(self) -> dict[str, float]:
         # the optimizers refuse to write diverged weights; this makes sure no
         # diagnostic (svdvals, eigh) ever sees one, whatever path the weights took
-        bad = [n for n, p in self.model.named_parameters() if not bool(torch.isfinite(p.float().square().sum()))]
+        named = list(self.model.named_parameters())
+        ok = torch.stack([torch.isfinite(p.float().square().sum()) for _, p in named]).cpu().tolist()
+        bad = [n for (n, _), good in zip(named, ok) if not good]
         if bad:
             raise FloatingPointError(f"weights {bad[:4]} hold NaN, Inf or overflowing values at step {self.step}")
         losses = self.batches.losses(self.model, self.autocast)
