@@ -1,8 +1,8 @@
 """The paper's stated numbers, each with its section and the rule that judges a rebuilt value.
 
 One source of truth for the studies and the report (torch-free). Every number the
-paper (arXiv 2606.13276; a developer has its text at ``../shared/paper/blog-post.txt`` beside the checkout) states gets a
-:class:`Claim`: the paper's value, its section, and a :class:`Rule` fixed before
+paper (arXiv 2606.13276; its text is at ``../shared/paper/blog-post.txt`` beside a
+developer's checkout) states gets a :class:`Claim`: the paper's value, its section, and a :class:`Rule` fixed before
 any data is looked at. :func:`judge` applies a rule the same way whichever way the
 result falls:
 
