@@ -211,6 +211,7 @@ def exercise_run_paths(run, cfg, out: Path) -> dict:
 
     import mwm.train as T
 
+    spectral = spectral_paths(run)
     t0 = time.perf_counter()
     losses = run.evaluate()
     _sync(run.device)
@@ -226,7 +227,33 @@ def exercise_run_paths(run, cfg, out: Path) -> dict:
     loss = again.train_step()
     _sync(again.device)
     return {"eval_s": t1 - t0, "checkpoint_s": t2 - t1, "resume_s": t3 - t2, "resumed_at": step,
-            "resumed_equal": bool(same), "loss_after_resume": loss, "val_loss": losses["val"]}
+            "resumed_equal": bool(same), "loss_after_resume": loss, "val_loss": losses["val"], **spectral}
+
+
+def spectral_paths(run) -> dict:
+    """The spectral logging's SVDs two ways, timed: as training does them (float64 copies
+    on the CPU, :func:`mwm.diagnostics.spectral_stats`) and in float32 on the run's device
+    (singular values and Gram matrix of each matrix, results moved once), to choose
+    between them at the model's shapes."""
+    import torch
+
+    from mwm.assignments import module_kind
+    from mwm.diagnostics import spectral_stats
+
+    t0 = time.perf_counter()
+    spectral_stats(run.model, run.opts.assignment, run.step)
+    t1 = time.perf_counter()
+    with torch.no_grad():
+        mats = [p for n, p in run.model.named_parameters() if module_kind(n, p) is not None]
+        out = []
+        for W in mats:
+            T = W.float() if W.shape[0] >= W.shape[1] else W.float().T
+            gram = T.T @ T
+            out.append(torch.cat([torch.linalg.svdvals(T), gram.diagonal().sqrt()]))
+        [o.cpu() for o in out]
+    _sync(run.device)
+    t2 = time.perf_counter()
+    return {"spectral_cpu64_s": t1 - t0, "spectral_device32_s": t2 - t1, "spectral_matrices": len(mats)}
 
 
 def measure(args, name: str, batch: int, accum: int, budget_s: float, out: Path, exercise: bool) -> dict:
@@ -380,6 +407,9 @@ def table(results: list[dict], st: dict) -> str:
                          f"save_checkpoint {ex['checkpoint_s']:.2f} s, new Run + try_resume {ex['resume_s']:.2f} s "
                          f"(resumed at step {ex['resumed_at']}, weights equal: {ex['resumed_equal']}), "
                          f"next step loss {ex['loss_after_resume']:.4f}")
+            lines.append(f"{r['assignment']}: spectral logging's SVDs as trained (float64 on the CPU) "
+                         f"{ex['spectral_cpu64_s']:.2f} s, the same {ex['spectral_matrices']} hidden matrices in "
+                         f"float32 on {r['device']} {ex['spectral_device32_s']:.2f} s (without the Q/K/V slices)")
     return "\n".join(lines)
 
 
