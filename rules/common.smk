@@ -10,10 +10,11 @@ from mwm.checks import check_config, check_splits
 from mwm.config import ConfigError, load_config
 from mwm.data import dataset_dir
 from mwm.launch import ranks_per_run
-from mwm.names import UNCONSTRAINED
+from mwm.names import UNCONSTRAINED, parse_variant
 from mwm.owner import check_owner, claim
 from mwm.paths import inside
-from mwm.runs import RESULTS_ROOT, RUN_FILES, check_grid, expected_identity, grid_variants, identity_problem
+from mwm.runs import (RESULTS_ROOT, RUN_FILES, check_grid, expected_identity, grid_variants, identity_problem,
+                      run_config)
 
 # The file the entry points read: the last --configfile, else the default.
 CONFIG_FILE = str(
@@ -131,6 +132,12 @@ def run_files(variant="{variant}", seed="{seed}"):
     if CFG["train"]["capture_pairs_step"] is not None:
         files["pairs"] = f"{RUNS}/{variant}/seed{seed}/pairs.npz"
     return files
+
+
+def run_train(variant):
+    """The train section a run of ``variant`` trains with (grid.train_overrides merged), so an
+    edit of its overrides reruns it as an edit of train does (equal to train without overrides)."""
+    return run_config(CFG, parse_variant(variant)[0])["train"]
 
 
 def all_runs():

@@ -5,7 +5,7 @@ parameter names, no memory, no data): ``n_embd`` must divide by ``n_head``, and 
 ``grid.custom`` pattern must match one of its hidden matrices. ``rules/common.smk`` calls it
 when Snakemake loads the workflow, ``mwm.train`` before it reads any data.
 
-:func:`check_splits` compares the data stage's ``meta.json`` (token counts of each split)
+:func:`check_splits` (in :mod:`mwm.data.splits`, so the data stage needs no training code) compares the data stage's ``meta.json`` (token counts of each split)
 with ``model.block_size``: the data job checks it after tokenizing (``mwm.data prepare
 --config``), and ``rules/common.smk`` at load when the data folder already exists (another
 config with the same data section made it), so no training starts on a split too short.
@@ -16,6 +16,8 @@ from __future__ import annotations
 from .config import ConfigError
 
 __all__ = ["check_config", "check_splits", "min_split_tokens"]
+
+from .data.splits import check_splits, min_split_tokens  # noqa: E402  (torch-free: the data stage's own)
 
 
 def _source(cfg: dict, source: str | None) -> str:
@@ -48,23 +50,3 @@ def check_config(cfg: dict, source: str | None = None) -> None:
             resolve_assignment(named, spec)
         except ValueError as exc:
             raise ConfigError(f"{where}: grid.custom.{name}: {exc}") from exc
-
-
-def min_split_tokens(block_size: int) -> int:
-    """The fewest tokens a split may hold to draw one training window (block_size + 1
-    tokens) at a random offset."""
-    return block_size + 2
-
-
-def check_splits(cfg: dict, meta: dict, meta_path: str, source: str | None = None) -> None:
-    """Raise ConfigError when a split of the data (its ``meta.json`` at ``meta_path``) is too
-    short for the config's ``model.block_size``."""
-    block = cfg["model"]["block_size"]
-    need = min_split_tokens(block)
-    for split, entry in sorted(meta.get("splits", {}).items()):
-        tokens = entry.get("tokens") if isinstance(entry, dict) else None
-        if isinstance(tokens, int) and tokens < need:
-            raise ConfigError(
-                f"{_source(cfg, source)}: model.block_size = {block} needs at least {need} tokens in each "
-                f"split, but the {split} split of {meta_path} has {tokens}: lower model.block_size, or give "
-                f"the data more tokens (data.val_fraction, a larger corpus)")

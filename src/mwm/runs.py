@@ -14,7 +14,7 @@ from .names import COLNORM_SUFFIX, NAMED_ASSIGNMENTS, is_colnorm, uses_dgram, va
 
 __all__ = ["RUN_FILES", "run_dir", "checkpoint_dir", "grid_variants", "assignment_spec", "check_grid",
            "run_config", "run_identity", "config_run_identity", "expected_identity", "identity_diff",
-           "identity_problem", "RESULTS_ROOT", "HAND_FOLDER"]
+           "identity_problem", "identity_checkable", "RESULTS_ROOT", "HAND_FOLDER"]
 
 #: The train settings of the inner solver: all a ``grid.solver_comparison`` candidate may change.
 SOLVER_TRAIN_KEYS = ("solver", "warm_start", "solver_max_steps", "solver_tol", "admm_rho", "dual_ascent_steps",
@@ -137,6 +137,11 @@ def identity_diff(recorded, expected, where: str = "") -> list[str]:
     if recorded == expected:
         return []
     return [f"{where}: run {json.dumps(recorded, default=str)}, config {json.dumps(expected, default=str)}"]
+
+
+def identity_checkable(summary: dict) -> bool:
+    """Whether a summary records anything (identity or config_hash) to compare with a config."""
+    return isinstance(summary.get("identity"), dict) or summary.get("config_hash") is not None
 
 
 def identity_problem(summary: dict, expected: dict) -> str | None:

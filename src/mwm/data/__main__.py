@@ -72,7 +72,7 @@ def _cmd_prepare(args) -> int:
     ds = TokenDataset(out)
     print(out)
     if args.config:  # a split too short for the config's model fails here, before any training
-        from ..checks import check_splits
+        from .splits import check_splits
 
         check_splits(load_config(args.config, args.overrides), ds.meta, str(ds.folder / "meta.json"),
                      source=args.config)
