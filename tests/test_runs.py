@@ -53,3 +53,28 @@ def test_a_summary_is_checked_by_its_identity_else_by_its_hash(tmp_path):
     msg = identity_problem({"config_hash": config_hash(hand)}, own)
     assert config_hash(hand) in msg and "cannot be named" in msg
     assert "cannot be checked" in identity_problem({"status": "completed"}, own)
+
+
+def test_workflow_names_a_finished_run_that_is_not_the_configs_at_load(tmp_path):
+    """After an older mwm.train wrote a hand run with an override over a published run, Snakemake
+    planned only the report; now it names the run and the keys when it loads, before any job."""
+    import pytest
+
+    from test_reliability import HAS_SNAKEMAKE, repo_copy, snakemake_in
+
+    if not HAS_SNAKEMAKE:
+        pytest.skip("snakemake not installed")
+    from mwm.io import atomic_write_json
+
+    repo = repo_copy(tmp_path / "repo")
+    cfg = load_config(repo / "config" / "ci.yaml")
+    hand = expected_identity(cfg, "none", 0)
+    hand["train"]["learning_rate"] = 0.02
+    atomic_write_json(repo / "results" / "runs" / "ci" / "none" / "seed0" / "summary.json",
+                      {"status": "completed", "identity": hand, "config_hash": config_hash(hand)})
+    proc = snakemake_in(repo, "--configfile", "config/ci.yaml", "--dry-run", "--cores", "1", "all")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert ("results/runs/ci/none/seed0/summary.json: trained with settings that are not the config's: "
+            f"train.learning_rate: run 0.02, config {cfg['train']['learning_rate']}") in out, out[-3000:]
+    assert "--forcerun" in out
