@@ -68,7 +68,7 @@ def test_workflow_names_a_finished_run_that_is_not_the_configs_at_load(tmp_path)
 
     repo = repo_copy(tmp_path / "repo")
     cfg = load_config(repo / "config" / "ci.yaml")
-    hand = expected_identity(cfg, "none", 0)
+    hand = copy.deepcopy(expected_identity(cfg, "none", 0))
     hand["train"]["learning_rate"] = 0.02
     atomic_write_json(repo / "results" / "runs" / "ci" / "none" / "seed0" / "summary.json",
                       {"status": "completed", "identity": hand, "config_hash": config_hash(hand)})
