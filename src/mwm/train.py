@@ -51,11 +51,11 @@ from .checks import check_config
 from .config import ConfigError, config_hash, load_config, resolve_device
 from .diagnostics import ATTENTION_COLUMNS, SPECTRAL_COLUMNS, attention_stats, spectral_stats
 from .io import atomic_savez, atomic_torch_save, atomic_write_json
-from .paths import inside
-from .owner import claim
 from .launch import launch, ranks_per_run, worker_exit, worker_started
 from .model import GPT, SIZES, GPTConfig
 from .names import parse_variant, uses_dgram, variant_name
+from .owner import claim
+from .paths import inside
 from .runs import (HAND_FOLDER, RESULTS_ROOT, RunFolder, assignment_spec, check_grid, config_run_identity, identity_diff,
                    run_config, run_identity)
 from .schedule import learning_rates
