@@ -66,6 +66,18 @@ def test_hand_run_of_a_copied_config_is_refused_before_writing(tmp_path, monkeyp
     assert "belong to" in capsys.readouterr().err and not (out / "runs" / "tiny" / "none" / "seed1").exists()
 
 
+def test_report_of_a_copied_config_is_refused_before_it_reads_anything(tmp_path, monkeypatch, capsys):
+    from mwm.report.__main__ import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(TAKE_OVER_ENV, raising=False)
+    claim("results", _cfg(tmp_path / "a.yaml"), "a.yaml")
+    _cfg(tmp_path / "mine.yaml", train__learning_rate=0.02)
+    assert main(["--config", "mine.yaml", "--out", str(tmp_path / "pf")]) == 2
+    err = capsys.readouterr().err
+    assert "belong to a.yaml" in err and "missing" not in err and not (tmp_path / "pf").exists()
+
+
 @pytest.mark.skipif(not HAS_SNAKEMAKE, reason="snakemake not installed")
 def test_workflow_refuses_a_copied_config_keeping_the_name(tmp_path, monkeypatch):
     monkeypatch.delenv(TAKE_OVER_ENV, raising=False)
