@@ -28,11 +28,11 @@ def _load():
         check_grid(cfg["grid"])
         ranks_per_run(cfg)
         check_config(cfg, source=CONFIG_FILE)  # model shape, grid.custom patterns: no data needed
-        meta = dataset_dir(cfg["data"]) / "meta.json"
-        if meta.is_file():  # made already (maybe by another config): its splits against block_size
-            check_splits(cfg, json.loads(meta.read_text()), str(meta), source=CONFIG_FILE)
+        meta = _meta(dataset_dir(cfg["data"]) / "meta.json")
+        if meta is not None:  # made already (maybe by another config): its splits against block_size
+            check_splits(cfg, meta, str(dataset_dir(cfg["data"]) / "meta.json"), source=CONFIG_FILE)
         check_owner(RESULTS_ROOT, cfg, CONFIG_FILE)  # a copied config keeping the name is refused
-    except (ConfigError, json.JSONDecodeError) as exc:
+    except ConfigError as exc:
         raise WorkflowError(str(exc))
     if validated_snakemake_config() != cfg:
         raise WorkflowError(
@@ -40,6 +40,16 @@ def _load():
             f"Put the settings in a config file and pass --configfile (read: {CONFIG_FILE})"
         )
     return cfg
+
+
+def _meta(path):
+    """A data folder's meta.json, or None when it is missing or unreadable (a job cut while writing
+    it: Snakemake reruns that job, which checks its own output)."""
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
 
 
 def validated_snakemake_config():

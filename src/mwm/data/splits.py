@@ -22,7 +22,8 @@ def check_splits(cfg: dict, meta: dict, meta_path: str, source: str | None = Non
     where = source or f"config {cfg['name']!r}"
     block = cfg["model"]["block_size"]
     need = min_split_tokens(block)
-    for split, entry in sorted(meta.get("splits", {}).items()):
+    splits = meta.get("splits")
+    for split, entry in sorted(splits.items() if isinstance(splits, dict) else []):
         tokens = entry.get("tokens") if isinstance(entry, dict) else None
         if isinstance(tokens, int) and tokens < need:
             raise ConfigError(
