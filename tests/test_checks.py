@@ -34,7 +34,7 @@ def test_head_divisibility_and_custom_patterns_are_checked_without_data(tmp_path
     check_config(_cfg(tmp_path, grid__custom={"unused": {"nothing.*": "stiefel"}}))
 
 
-def test_gpt2_small_is_checked_on_the_meta_device(tmp_path):
+def test_a_named_size_is_checked_by_its_shape(tmp_path):
     check_config(_cfg(tmp_path, model__size="gpt2", grid__custom={"x": {"transformer.h.11.mlp.*": "dgram"}},
                       grid__assignments=["x"]))
 
