@@ -1,15 +1,20 @@
 # Helpers shared by the rules, and validation of the config before any job starts.
+import json
 import os
 import shlex
+import sys
 
 from snakemake.exceptions import WorkflowError
 
+from mwm.checks import check_config, check_splits
 from mwm.config import ConfigError, load_config
 from mwm.data import dataset_dir
 from mwm.launch import ranks_per_run
-from mwm.names import UNCONSTRAINED
+from mwm.names import UNCONSTRAINED, parse_variant
+from mwm.owner import check_owner, claim
 from mwm.paths import inside
-from mwm.runs import RUN_FILES, check_grid, grid_variants
+from mwm.runs import (RESULTS_ROOT, RUN_FILES, check_grid, expected_identity, grid_variants, identity_problem,
+                      run_config)
 
 # The file the entry points read: the last --configfile, else the default.
 CONFIG_FILE = str(
@@ -22,6 +27,11 @@ def _load():
         cfg = load_config(CONFIG_FILE)
         check_grid(cfg["grid"])
         ranks_per_run(cfg)
+        check_config(cfg, source=CONFIG_FILE)  # model shape, grid.custom patterns: no data needed
+        meta = _meta(dataset_dir(cfg["data"]) / "meta.json")
+        if meta is not None:  # made already (maybe by another config): its splits against block_size
+            check_splits(cfg, meta, str(dataset_dir(cfg["data"]) / "meta.json"), source=CONFIG_FILE)
+        check_owner(RESULTS_ROOT, cfg, CONFIG_FILE)  # a copied config keeping the name is refused
     except ConfigError as exc:
         raise WorkflowError(str(exc))
     if validated_snakemake_config() != cfg:
@@ -30,6 +40,16 @@ def _load():
             f"Put the settings in a config file and pass --configfile (read: {CONFIG_FILE})"
         )
     return cfg
+
+
+def _meta(path):
+    """A data folder's meta.json, or None when it is missing or unreadable (a job cut while writing
+    it: Snakemake reruns that job, which checks its own output)."""
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
 
 
 def validated_snakemake_config():
@@ -54,8 +74,36 @@ DATA = str(dataset_dir(CFG["data"]))
 DATA_FILES = [f"{DATA}/train.bin", f"{DATA}/val.bin", f"{DATA}/meta.json"]
 RUN_VARIANTS = grid_variants(CFG["grid"])  # every trained variant (mwm.names.variant_name)
 SEEDS = CFG["grid"]["seeds"]
-RUNS = f"results/runs/{NAME}"
-STUDIES = f"results/studies/{NAME}"
+RUNS = f"{RESULTS_ROOT}/runs/{NAME}"
+STUDIES = f"{RESULTS_ROOT}/studies/{NAME}"
+
+
+onstart:
+    claim(RESULTS_ROOT, CFG, CONFIG_FILE)  # a real run (not a dry run) records the name's config file
+
+
+def foreign_runs():
+    """``run folder: why`` for every finished run of the grid whose summary is not the config's own."""
+    out = []
+    for v in RUN_VARIANTS:
+        for s in SEEDS:
+            path = f"{RUNS}/{v}/seed{s}/summary.json"
+            try:
+                summary = json.loads(open(path).read())
+            except (OSError, ValueError):
+                continue
+            problem = identity_problem(summary, expected_identity(CFG, v, s))
+            if problem:
+                out.append(f"{path}: {problem}")
+    return out
+
+
+_FOREIGN = foreign_runs() if CFG["workflow"]["report"] != "solvers" else []
+if _FOREIGN:
+    print(f"mwm: {len(_FOREIGN)} run(s) of {CONFIG_FILE} hold settings that are not the config's (the report "
+          "refuses them). Snakemake retrains a run whose train, model or data settings changed in the config; "
+          "one written outside the workflow (e.g. by an older mwm.train with overrides) it cannot tell: "
+          "retrain it with --forcerun <summary.json>:\n  " + "\n  ".join(_FOREIGN), file=sys.stderr)
 LOGS = f"logs/{NAME}"
 
 # Site settings for SLURM come from the environment, never from this repository.
@@ -94,6 +142,12 @@ def run_files(variant="{variant}", seed="{seed}"):
     if CFG["train"]["capture_pairs_step"] is not None:
         files["pairs"] = f"{RUNS}/{variant}/seed{seed}/pairs.npz"
     return files
+
+
+def run_train(variant):
+    """The train section a run of ``variant`` trains with (grid.train_overrides merged), so an
+    edit of its overrides reruns it as an edit of train does (equal to train without overrides)."""
+    return run_config(CFG, parse_variant(variant)[0])["train"]
 
 
 def all_runs():

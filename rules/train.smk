@@ -11,7 +11,7 @@ rule train:
         **run_files(),
     params:
         config=CONFIG_FILE,
-        train=CFG["train"],
+        train=lambda wildcards: run_train(wildcards.variant),  # with its grid.train_overrides
         model=CFG["model"],
     log:
         f"{LOGS}/train/{{variant}}/seed{{seed}}.log",

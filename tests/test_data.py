@@ -304,7 +304,9 @@ def test_config_data_section(tmp_path):
 def test_cli(tmp_path, corpus, capsys):
     out = tmp_path / "cli"
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(f"data:\n  corpus: text\n  paths: ['{corpus[0].parent}/*.txt']\n  val_fraction: 0.2\n")
+    # (model.block_size: prepare --config checks the splits against the config's model, issue 24 item 3)
+    cfg.write_text(f"data:\n  corpus: text\n  paths: ['{corpus[0].parent}/*.txt']\n  val_fraction: 0.2\n"
+                   "model:\n  block_size: 64\n")
     assert main(["prepare", "--config", str(cfg), "--vocab-size", "30", "--num-proc", "1",
                  "--out", str(out), "--verify"]) == 0
     assert TokenDataset(out).vocab_size == 31 and capsys.readouterr().out.strip() == str(out)

@@ -21,12 +21,19 @@ from mwm.data import dataset_dir
 from mwm.launch import ranks_per_run
 from mwm.names import UNCONSTRAINED
 from mwm.paths import inside
-from mwm.runs import RUN_FILES, check_grid, grid_variants
+from mwm.runs import RUN_FILES, check_grid, expected_identity, grid_variants, identity_problem, run_config
+from mwm.checks import check_config, check_splits
+from mwm.owner import check_owner, claim
 cfg = load_config("config/ci.yaml")
 check_grid(cfg["grid"])
 ranks_per_run(cfg)
 dataset_dir(cfg["data"])
 grid_variants(cfg["grid"])
+check_config(cfg)
+check_splits(cfg, {"splits": {"val": {"tokens": 10 ** 6}}}, "meta.json")
+check_owner("/nonexistent", cfg, "config/ci.yaml")
+identity_problem({}, expected_identity(cfg, "dgram-colnorm", 0))
+run_config(cfg, "dgram-hot")
 print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
 """
 
@@ -34,7 +41,8 @@ print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
 def test_snakefile_parse_imports_no_torch():
     common = (ROOT / "rules" / "common.smk").read_text()
     imported = {line.split()[1] for line in common.splitlines() if line.startswith("from mwm")}
-    assert imported == {"mwm.config", "mwm.data", "mwm.launch", "mwm.names", "mwm.paths", "mwm.runs"}, \
+    assert imported == {"mwm.checks", "mwm.config", "mwm.data", "mwm.launch", "mwm.names", "mwm.owner",
+                        "mwm.paths", "mwm.runs"}, \
         "rules/common.smk imports changed: update PARSE_TIME in this test"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.run([sys.executable, "-c", PARSE_TIME], cwd=ROOT, env=env, capture_output=True, text=True,

@@ -117,6 +117,29 @@ def test_missing_run_is_an_error_naming_it(results, tmp_path, capsys):
         build(cfg, copy, tmp_path / "pf3")
 
 
+def test_a_run_that_is_not_the_configs_own_is_refused_naming_the_keys(results, tmp_path, capsys):
+    """A hand run with train.learning_rate=0.02 over the published none/seed0: Table 4 showed it."""
+    root, path, cfg = results
+    copy = tmp_path / "results"
+    shutil.copytree(root / "results", copy)
+    p = copy / "runs" / "tiny" / "none" / "seed0" / "summary.json"
+    s = json.loads(p.read_text())
+    assert s["identity"]["train"]["learning_rate"] == cfg["train"]["learning_rate"]
+    s["identity"]["train"]["learning_rate"] = 0.02
+    p.write_text(json.dumps(s))
+    with pytest.raises(ReportError, match=r"none/seed0/summary.json: .*train.learning_rate: run 0.02, config"):
+        build(cfg, copy, tmp_path / "pf")
+    assert main(["--config", str(path), "--results", str(copy), "--out", str(tmp_path / "pf2")]) == 2
+    assert "train.learning_rate" in capsys.readouterr().err
+    # a summary from before identities were recorded: compared by its hash
+    del s["identity"]
+    p.write_text(json.dumps(s))
+    build(cfg, copy, tmp_path / "pf3")  # its hash is the config's: accepted
+    p.write_text(json.dumps(dict(s, config_hash="0123456789abcdef")))
+    with pytest.raises(ReportError, match="config_hash 0123456789abcdef is not the config's"):
+        build(cfg, copy, tmp_path / "pf4")
+
+
 # -- verdict rules (mwm.paper) ------------------------------------------------------------------
 
 def test_rules_decide_comparability_before_the_data():

@@ -95,7 +95,7 @@ def test_cli_prints_runs_studies_and_report(cfg, tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert out.startswith("config st") and "8 pending" in out
     prods = {ln.split()[1]: ln.split()[2] for ln in out.splitlines() if ln.startswith("study ")}
-    assert prods == {"alpha": "pending", "absorption": "pending", "audits": "completed"}
+    assert prods == {"alpha": "pending", "absorption": "pending", "audits": "completed", "solvers": "pending"}
     assert "report" in out
 
 
@@ -134,3 +134,44 @@ def test_a_real_run_logs_progress_and_reads_completed(tmp_path, monkeypatch, cap
     assert got["stiefel"].status == "completed" and got["stiefel"].step == 8
     assert got["stiefel"].val_loss is not None and got["stiefel"].ms_per_step > 0
     assert got["none"].status == "pending"
+
+
+# -- issue 24 ---------------------------------------------------------------------------------------
+def test_a_run_that_is_not_the_configs_own_is_flagged_naming_the_keys(cfg, tmp_path, capsys, monkeypatch):
+    from mwm.config import config_hash
+    from mwm.runs import expected_identity
+
+    cfg, path = cfg
+    res = tmp_path / "results"
+    runs = res / "runs" / "st"
+    own = expected_identity(cfg, "none", 0)
+    _summary(runs / "none" / "seed0", status="completed", identity=own, config_hash=config_hash(own))
+    hand = json.loads(json.dumps(own))
+    hand["train"]["learning_rate"] = 0.02
+    _summary(runs / "stiefel" / "seed0", status="completed", final_val_loss=3.3675, identity=hand)
+    got = {(r.variant, r.seed): r for r in status.collect(cfg, res)}
+    assert got["none", 0].status == "completed" and got["none", 0].note is None
+    assert got["stiefel", 0].status == "mismatch" and "train.learning_rate: run 0.02" in got["stiefel", 0].note
+    assert status.main(["--config", str(path), "--results", str(res), "--figures", str(tmp_path / "pf")]) == 0
+    out = capsys.readouterr().out
+    assert "1 mismatch" in out and "stiefel seed0: trained with settings that are not the config's" in out
+
+
+def test_step_counts_out_of_the_runs_own_max_iters_and_the_solver_study_is_listed(cfg, tmp_path, capsys):
+    """A run trained with train.max_iters=20 showed 20/30; the solver study was not listed."""
+    cfg, path = cfg
+    res = tmp_path / "results"
+    _summary(res / "runs" / "st" / "none" / "seed0", status="completed", steps_done=20, max_iters=20)
+    got = {(r.variant, r.seed): r for r in status.collect(cfg, res)}
+    assert got["none", 0].step == 20 and got["none", 0].max_iters == 20
+    assert "20/20" in status.format_table(list(got.values()))
+    (res / "studies" / "st").mkdir(parents=True)
+    (res / "studies" / "st" / "solvers_derived.json").write_text("{}")
+    assert status.main(["--config", str(path), "--results", str(res), "--figures", str(tmp_path / "pf")]) == 0
+    prods = {ln.split()[1]: ln.split()[2] for ln in capsys.readouterr().out.splitlines() if ln.startswith("study ")}
+    assert prods["solvers"] == "completed" and prods["alpha"] == "pending"
+
+
+def test_a_solver_study_config_lists_no_training_runs():
+    cfg = load_config(str(REPO / "config" / "widths.yaml"))
+    assert cfg["workflow"]["report"] == "solvers" and status.collect(cfg, Path("/nonexistent")) == []

@@ -270,3 +270,52 @@ def test_model_and_optimizers_are_built_on_the_cpu_then_moved(tmp_path, monkeypa
     params = {id(p) for p in run.model.parameters()}
     held = [p for opt in (run.opts.muon, run.opts.adamw) for g in opt.param_groups for p in g["params"]]
     assert held and all(id(p) in params and p.device.type == "meta" for p in held)
+
+
+# ------------------------------------------------------------------ issue 24: whose run is it
+def test_summary_records_the_run_identity_it_hashes(tmp_path):
+    from mwm.config import config_hash
+    from mwm.runs import expected_identity
+
+    rc, d = run_inprocess(tmp_path, assignment="hetero")
+    assert rc == 0
+    s = json.loads((d / "summary.json").read_text())
+    cfg = load_config(tmp_path / "tiny.yaml")
+    assert s["identity"] == expected_identity(cfg, "hetero", 0)
+    assert s["config_hash"] == config_hash(s["identity"])
+
+
+def test_hand_run_with_overrides_never_lands_in_the_config_folder(tmp_path, monkeypatch, capsys):
+    """A hand run with an override went into results/runs/<name>/ and replaced the config's run."""
+    from mwm.config import config_hash
+    from mwm.runs import HAND_FOLDER, RESULTS_ROOT
+
+    monkeypatch.chdir(tmp_path)
+    cfg = fakedata.write_config(tmp_path / "tiny.yaml", train__max_iters=4, train__lr_decay_iters=4)
+    own = Path(RESULTS_ROOT) / "runs" / "tiny" / "none" / "seed0"
+    args = ["--config", str(cfg), "--assignment", "none", "--seed", "0"]
+    assert main([*args, "--out", RESULTS_ROOT, "train.learning_rate=0.02"]) == 2
+    err = capsys.readouterr().err
+    assert "train.learning_rate: run 0.02" in err and "not config 'tiny'" in err and not own.exists()
+    assert main([*args, "train.learning_rate=0.02"]) == 0
+    hand = Path(RESULTS_ROOT) / HAND_FOLDER / config_hash(load_config(cfg, ["train.learning_rate=0.02"]))
+    assert str(hand) in capsys.readouterr().out
+    s = json.loads((hand / "runs" / "tiny" / "none" / "seed0" / "summary.json").read_text())
+    assert s["identity"]["train"]["learning_rate"] == 0.02 and not own.exists()
+    assert json.loads((hand / "overrides.json").read_text())["overrides"] == ["train.learning_rate=0.02"]
+    # an override that leaves the run as the config's own (not a train/model/data key) stays there
+    assert main([*args, "workflow.retries=3"]) == 0 and (own / "summary.json").exists()
+
+
+def test_config_errors_fail_before_any_data_is_read(tmp_path, monkeypatch, capsys):
+    """n_embd/n_head and grid.custom patterns need no data: they failed only once the data was open."""
+    def no_data(cfg):
+        raise AssertionError("the data was read before the config was checked")
+
+    monkeypatch.setattr("mwm.train.resolve_data", no_data)
+    rc, d = run_inprocess(tmp_path, model__n_embd=15, model__n_head=2)
+    assert rc == 2 and "n_embd=15 is not divisible by n_head=2" in capsys.readouterr().err and not d.exists()
+    rc, d = run_inprocess(tmp_path, assignment="mine", grid__custom={"mine": {"*.attn.q_proj.*": "stiefel"}},
+                          grid__assignments=["mine"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "grid.custom.mine" in err and "match no hidden matrix" in err and not d.exists()

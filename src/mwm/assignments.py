@@ -16,12 +16,12 @@ config entry, e.g. ``{"transformer.h.0.attn.*": "stiefel", "*.mlp.*": "dgram"}``
 
 from __future__ import annotations
 
-import fnmatch
 from dataclasses import dataclass
 from typing import Mapping
 
 import torch
 
+from .layout import match_patterns
 from .names import ADAMW, ATTN_KEYS, MLP_KEYS, NAMED_ASSIGNMENTS
 from .optim import MUON_MANIFOLDS, ManifoldMuon
 
@@ -78,26 +78,8 @@ def resolve_assignment(
             raise ValueError(
                 f"assignment pattern {pat!r}: unknown manifold {mf!r}; choose one of {', '.join(MUON_MANIFOLDS)}"
             )
-    hidden = [n for n, p in items if module_kind(n, p) is not None]
-    used = {pat: 0 for pat in assignment}
-    for n, p in items:
-        if module_kind(n, p) is None:
-            out[n] = ADAMW
-            continue
-        out[n] = "none"
-        for pat, mf in assignment.items():
-            if fnmatch.fnmatchcase(n, pat):
-                out[n] = mf
-                used[pat] += 1
-                break
-    unused = [pat for pat, k in used.items() if k == 0]
-    if unused:
-        sample = ", ".join(hidden[:4]) + (", ..." if len(hidden) > 4 else "")
-        raise ValueError(
-            f"assignment pattern(s) {unused} match no hidden matrix (names look like: {sample}); "
-            "patterns are shell globs over full parameter names"
-        )
-    return out
+    hidden = match_patterns([n for n, p in items if module_kind(n, p) is not None], assignment)
+    return {n: hidden.get(n, ADAMW) for n, p in items}
 
 
 @dataclass

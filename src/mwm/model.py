@@ -15,13 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .layout import SIZES, check_dims
+
 __all__ = ["GPTConfig", "GPT", "SIZES", "GPT2_SMALL_PARAMS"]
 
-#: Named sizes; ``gpt2`` is GPT-2 small.
-SIZES = {
-    "gpt2": dict(n_layer=12, n_head=12, n_embd=768),
-    "gpt2-medium": dict(n_layer=24, n_head=16, n_embd=1024),
-}
 #: GPT-2 small's parameter count (vocab 50257, context 1024, with biases).
 GPT2_SMALL_PARAMS = 124_439_808
 
@@ -37,11 +34,7 @@ class GPTConfig:
     bias: bool = False
 
     def __post_init__(self):
-        if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
-        for key in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"model {key} must be >= 1, got {getattr(self, key)}")
+        check_dims(self.n_layer, self.n_head, self.n_embd, self.vocab_size, self.block_size)
 
 
 class LayerNorm(nn.Module):

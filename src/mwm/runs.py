@@ -13,11 +13,17 @@ from pathlib import Path
 from .names import COLNORM_SUFFIX, NAMED_ASSIGNMENTS, is_colnorm, uses_dgram, variant_name
 
 __all__ = ["RUN_FILES", "run_dir", "checkpoint_dir", "grid_variants", "assignment_spec", "check_grid",
-           "run_config"]
+           "run_config", "run_identity", "config_run_identity", "expected_identity", "identity_diff",
+           "identity_problem", "identity_checkable", "RESULTS_ROOT", "HAND_FOLDER"]
 
 #: The train settings of the inner solver: all a ``grid.solver_comparison`` candidate may change.
 SOLVER_TRAIN_KEYS = ("solver", "warm_start", "solver_max_steps", "solver_tol", "admm_rho", "dual_ascent_steps",
                      "dual_ascent_alpha")
+
+#: The results root of the workflow (the train rule's ``--out``): its ``runs/<name>/`` holds the config's own runs.
+RESULTS_ROOT = "results"
+#: Under :data:`RESULTS_ROOT`: the roots of hand runs whose overrides change the run (``hand/<hash>/runs/...``).
+HAND_FOLDER = "hand"
 
 #: The files every finished run has (what the workflow declares as outputs).
 RUN_FILES = ("summary.json", "metrics.csv", "eval.csv", "spectral.csv", "attention.csv")
@@ -86,6 +92,76 @@ def run_config(cfg: dict, assignment: str) -> dict:
         return validate(out, source=f"config {cfg['name']!r} with grid.train_overrides.{assignment}")
     except ConfigError as exc:
         raise ConfigError(str(exc).replace("  train.", f"  grid.train_overrides.{assignment} -> train.")) from exc
+
+
+def run_identity(run_cfg: dict, assignment: str, seed: int, retraction: str) -> dict:
+    """What makes a run what it is: ``run_cfg`` (the run's config, :func:`run_config`) sections
+    model, train, data, with assignment, seed and retraction. Its :func:`mwm.config.config_hash`
+    is the run's ``config_hash`` (checkpoints, summary.json); summary.json also keeps it whole
+    (``identity``) so a reader can name the keys in which a run differs from a config."""
+    return {"model": run_cfg["model"], "train": run_cfg["train"], "data": run_cfg.get("data"),
+            "assignment": assignment, "seed": seed, "retraction": retraction}
+
+
+def config_run_identity(cfg: dict, assignment: str, seed: int, retraction: str | None = None) -> dict:
+    """The identity of the run ``cfg`` makes of (assignment, seed, retraction): its
+    grid.train_overrides merged, the retraction defaulting to train.dgram_retraction (as
+    :func:`mwm.train.train` does)."""
+    run_cfg = run_config(cfg, assignment)
+    return run_identity(run_cfg, assignment, seed, retraction or run_cfg["train"]["dgram_retraction"])
+
+
+def expected_identity(cfg: dict, variant: str, seed: int) -> dict:
+    """The identity the config's own run of ``variant`` (a grid variant) and ``seed`` has."""
+    from .names import parse_variant
+
+    assignment, suffix = parse_variant(variant)
+    return config_run_identity(cfg, assignment, seed, suffix if is_colnorm(variant) else None)
+
+
+def identity_diff(recorded, expected, where: str = "") -> list[str]:
+    """``key: run X, config Y`` for every dotted key in which two identities differ."""
+    import json
+
+    if isinstance(recorded, dict) and isinstance(expected, dict):
+        out = []
+        for key in sorted(set(recorded) | set(expected), key=str):
+            sub = f"{where}.{key}" if where else str(key)
+            if key not in recorded:
+                out.append(f"{sub}: run (not recorded), config {json.dumps(expected[key], default=str)}")
+            elif key not in expected:
+                out.append(f"{sub}: run {json.dumps(recorded[key], default=str)}, config (no such key)")
+            else:
+                out += identity_diff(recorded[key], expected[key], sub)
+        return out
+    if recorded == expected:
+        return []
+    return [f"{where}: run {json.dumps(recorded, default=str)}, config {json.dumps(expected, default=str)}"]
+
+
+def identity_checkable(summary: dict) -> bool:
+    """Whether a summary records anything (identity or config_hash) to compare with a config."""
+    return isinstance(summary.get("identity"), dict) or summary.get("config_hash") is not None
+
+
+def identity_problem(summary: dict, expected: dict) -> str | None:
+    """Why a run's summary.json is not the config's own run of ``expected`` (None: it is).
+    A summary that records its ``identity`` is compared key by key; an older one (only
+    ``config_hash``) by hash, so its differing keys cannot be named."""
+    from .config import config_hash
+
+    recorded = summary.get("identity")
+    if isinstance(recorded, dict):
+        diff = identity_diff(recorded, expected)
+        return ("trained with settings that are not the config's: " + "; ".join(diff)) if diff else None
+    want = config_hash(expected)
+    got = summary.get("config_hash")
+    if got is None:
+        return "its summary records neither its identity nor a config_hash: it cannot be checked against the config"
+    if got != want:
+        return (f"its config_hash {got} is not the config's {want} (the summary predates recorded identities, "
+                f"so the differing keys cannot be named)")
+    return None
 
 
 def run_dir(root: str | Path, config_name: str, variant: str, seed: int) -> Path:

@@ -11,7 +11,13 @@ A run is
 - ``running``: logs but no summary yet (``updated`` tells how long ago it last wrote: a job
   killed without a checkpoint stays ``running`` until Snakemake retries or gives up);
 - ``pending``: nothing yet, or only a checkpoint (a preempted job waiting for its retry:
-  the step is where it resumes).
+  the step is where it resumes);
+- ``mismatch``: a summary whose recorded settings are not the config's own for that run (a
+  hand run with overrides, an edited config not yet retrained); the lines under the table
+  name the keys that differ. The report refuses such runs.
+
+A run's step count is out of the ``max_iters`` it ran with (its summary's), and a config whose
+report is the solver study alone (``workflow.report: solvers``) lists no training runs.
 """
 
 from __future__ import annotations
@@ -27,12 +33,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import ConfigError, load_config
-from .runs import checkpoint_dir, grid_variants, run_dir
+from .runs import checkpoint_dir, expected_identity, grid_variants, identity_checkable, identity_problem, run_dir
 
 __all__ = ["RunStatus", "run_status", "collect", "format_table", "main"]
 
 #: Files whose presence marks a study as done (what each study writes last).
-STUDY_MARKERS = {"alpha": "alpha_derived.json", "absorption": "absorption_derived.json", "audits": "audits.json"}
+STUDY_MARKERS = {"alpha": "alpha_derived.json", "absorption": "absorption_derived.json", "audits": "audits.json",
+                 "solvers": "solvers_derived.json"}
 #: Steps averaged for ms/step (the most recent ones).
 RECENT = 50
 
@@ -48,6 +55,7 @@ class RunStatus:
     ms_per_step: float | None
     onset: int | None
     updated: float | None  # seconds since the run last wrote a log
+    note: str | None = None  # why a run is a mismatch
 
     @property
     def eta_s(self) -> float | None:
@@ -84,8 +92,10 @@ def _float(value) -> float | None:
     return v if math.isfinite(v) else None
 
 
-def run_status(folder: Path, ckpt_folder: Path, max_iters: int, now: float | None = None) -> tuple[str, dict]:
-    """(status, fields) of one run folder."""
+def run_status(folder: Path, ckpt_folder: Path, max_iters: int, now: float | None = None,
+               expected: dict | None = None) -> tuple[str, dict]:
+    """(status, fields) of one run folder; ``expected``: the config's identity of the run
+    (a summary that does not match it is a ``mismatch``)."""
     now = time.time() if now is None else now
     summary_path = folder / "summary.json"
     logs = folder if (folder / "metrics.csv").exists() else ckpt_folder / "logs"
@@ -99,6 +109,7 @@ def run_status(folder: Path, ckpt_folder: Path, max_iters: int, now: float | Non
         "ms_per_step": 1000 * sum(times) / len(times) if times else None,
         "onset": None,
         "updated": None,
+        "max_iters": max_iters,
     }
     written = [p.stat().st_mtime for p in (logs / "metrics.csv", logs / "eval.csv") if p.exists()]
     if written:
@@ -109,11 +120,18 @@ def run_status(folder: Path, ckpt_folder: Path, max_iters: int, now: float | Non
         except (OSError, json.JSONDecodeError) as exc:
             return "failed", {**fields, "note": f"unreadable summary.json: {exc}"}
         fields.update(step=summary.get("steps_done", fields["step"]), onset=summary.get("onset_step"))
+        if isinstance(summary.get("max_iters"), int):
+            fields["max_iters"] = summary["max_iters"]
         if summary.get("final_val_loss") is not None:
             fields["val_loss"] = _float(summary["final_val_loss"])
         if summary.get("mean_step_time") is not None:
             fields["ms_per_step"] = 1000 * summary["mean_step_time"]
-        return str(summary.get("status", "failed")), fields
+        status = str(summary.get("status", "failed"))
+        if expected is not None and not identity_checkable(summary):
+            fields["note"] = "its summary records no identity or config_hash: it cannot be checked against the config"
+        elif expected is not None and identity_problem(summary, expected):
+            return "mismatch", {**fields, "note": f"{identity_problem(summary, expected)} (its summary: {status})"}
+        return status, fields
     if (folder / "metrics.csv").exists():
         return "running", fields
     return "pending", fields
@@ -121,13 +139,16 @@ def run_status(folder: Path, ckpt_folder: Path, max_iters: int, now: float | Non
 
 def collect(cfg: dict, results: Path, now: float | None = None) -> list[RunStatus]:
     out = []
-    max_iters = cfg["train"]["max_iters"]
+    if cfg["workflow"]["report"] == "solvers":  # trains nothing beyond the solver study's captures
+        return out
     for variant in grid_variants(cfg["grid"]):
         for seed in cfg["grid"]["seeds"]:
+            expected = expected_identity(cfg, variant, seed)
             status, f = run_status(run_dir(results, cfg["name"], variant, seed),
-                                   checkpoint_dir(results, cfg["name"], variant, seed), max_iters, now)
-            out.append(RunStatus(variant, seed, status, f["step"], max_iters, f["val_loss"], f["ms_per_step"],
-                                 f["onset"], f["updated"]))
+                                   checkpoint_dir(results, cfg["name"], variant, seed),
+                                   expected["train"]["max_iters"], now, expected)
+            out.append(RunStatus(variant, seed, status, f["step"], f["max_iters"], f["val_loss"], f["ms_per_step"],
+                                 f["onset"], f["updated"], f.get("note")))
     return out
 
 
@@ -197,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"config {cfg['name']} ({a.config}): {len(runs)} runs, "
           + ", ".join(f"{n} {s}" for s, n in counts.items()))
     print(format_table(runs))
+    for r in runs:
+        if r.note:
+            print(f"  {r.variant} seed{r.seed}: {r.note}")
     print()
     print(_table(["product", "status", "file", "updated"], products(cfg, Path(a.results), Path(a.figures), now)))
     return 0

@@ -47,13 +47,17 @@ import torch
 
 from . import __version__
 from .assignments import build_optimizers
+from .checks import check_config
 from .config import ConfigError, config_hash, load_config, resolve_device
 from .diagnostics import ATTENTION_COLUMNS, SPECTRAL_COLUMNS, attention_stats, spectral_stats
 from .io import atomic_savez, atomic_torch_save, atomic_write_json
 from .launch import launch, ranks_per_run, worker_exit, worker_started
 from .model import GPT, SIZES, GPTConfig
 from .names import parse_variant, uses_dgram, variant_name
-from .runs import RunFolder, assignment_spec, check_grid, run_config
+from .owner import claim
+from .paths import inside
+from .runs import (HAND_FOLDER, RESULTS_ROOT, RunFolder, assignment_spec, check_grid, config_run_identity, identity_diff,
+                   run_config, run_identity)
 from .schedule import learning_rates
 
 __all__ = ["main", "train", "EXIT_PREEMPTED", "build_model_config", "resolve_data"]
@@ -393,8 +397,7 @@ class Run:
             torch.cuda.set_rng_state_all(ck["rng_cuda"])
 
     def _identity(self) -> dict:
-        return {"model": self.cfg["model"], "train": self.cfg["train"], "data": self.cfg.get("data"),
-                "assignment": self.assignment, "seed": self.seed, "retraction": self.retraction}
+        return run_identity(self.cfg, self.assignment, self.seed, self.retraction)
 
     def save_checkpoint(self):
         if self.master:
@@ -533,6 +536,7 @@ class Run:
             "n_params": self.model.num_params(), "model": self.model.export_config(),
             "assignment": self.assignment, "retraction": self.retraction, "variant": self.variant,
             "seed": self.seed, "config": self.cfg["name"], "config_hash": config_hash(self._identity()),
+            "identity": self._identity(),
             "code_version": code_version(), "device": str(self.device), "world_size": self.world,
         }
         if error:
@@ -684,7 +688,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=_int_at_least(0), required=True)
     ap.add_argument("--retraction", choices=["paper", "colnorm"], default=None,
                     help="DGram retraction (default: train.dgram_retraction of the config)")
-    ap.add_argument("--out", default="results", help="results root (default: results)")
+    ap.add_argument("--out", default=None,
+                    help=f"results root (default: {RESULTS_ROOT}, the workflow's; a run whose overrides change its "
+                         f"settings defaults to {RESULTS_ROOT}/{HAND_FOLDER}/<hash> and may not go to {RESULTS_ROOT})")
     ap.add_argument("--threads", type=_int_at_least(1), default=None,
                     help="torch CPU threads of the run, split across its ranks (default: torch's choice)")
     ap.add_argument("--nproc", type=_int_at_least(1), default=None,
@@ -701,19 +707,51 @@ def main(argv=None) -> int:
         if suffix_retraction == "colnorm" and not uses_dgram(assignment, cfg["grid"].get("custom")):
             raise ConfigError(f"--assignment {args.assignment}: the colnorm retraction only exists for assignments "
                               f"that use DGram; {assignment!r} does not (train {assignment!r} instead)")
+        base = load_config(args.config) if args.overrides else cfg  # the config file's own settings
+        check_config(cfg, source=args.config)
+        out = out_root(args, base, cfg, assignment, retraction)
+        if int(os.environ.get("RANK", "0")) == 0:
+            claim(out, base, args.config)  # the results of base's name belong to this config file
         nproc = args.nproc or ranks_per_run(cfg)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if nproc > 1 and "WORLD_SIZE" not in os.environ:
         rest = ["--config", args.config, "--assignment", args.assignment, "--seed", str(args.seed),
-                "--out", args.out, *(["--retraction", args.retraction] if args.retraction else []),
+                "--out", str(out), *(["--retraction", args.retraction] if args.retraction else []),
                 *args.overrides]
         return launch(nproc, rest, args.threads)
     if args.threads:
         torch.set_num_threads(args.threads)
     worker_started()
-    return worker_exit(train(cfg, assignment, args.seed, retraction, args.out))
+    return worker_exit(train(cfg, assignment, args.seed, retraction, out))
+
+
+def out_root(args, base: dict, cfg: dict, assignment: str, retraction: str | None) -> Path:
+    """The results root of a hand run: ``--out``, else :data:`RESULTS_ROOT`. A run whose
+    overrides change its identity is not the config's run of (assignment, seed): it goes to
+    ``RESULTS_ROOT/HAND_FOLDER/<hash of the overridden config>`` (the same root for every run of
+    those overrides, their list in ``overrides.json`` there) and is refused in RESULTS_ROOT,
+    where it would replace the config's run that the report and the workflow read."""
+    if not args.overrides:
+        return Path(args.out or RESULTS_ROOT)
+    own = config_run_identity(base, assignment, args.seed, retraction)
+    diff = identity_diff(config_run_identity(cfg, assignment, args.seed, retraction), own)
+    if not diff:
+        return Path(args.out or RESULTS_ROOT)
+    what = f"overrides {' '.join(args.overrides)} change the run ({'; '.join(diff)})"
+    if args.out is None:
+        root = inside(Path(RESULTS_ROOT) / HAND_FOLDER, config_hash(cfg), what="hand-run folder")
+        atomic_write_json(root / "overrides.json", {"config_file": args.config, "overrides": list(args.overrides)})
+        print(f"{what}: it is not config {cfg['name']!r}'s run, so it goes to {root} "
+              f"({RESULTS_ROOT}/runs/{cfg['name']}/ holds the config's own runs)", flush=True)
+        return root
+    if os.path.abspath(args.out) == os.path.abspath(RESULTS_ROOT):
+        raise ConfigError(f"{what}: it is not config {cfg['name']!r}'s run (from {args.config}) and would replace "
+                          f"that run in {RESULTS_ROOT}/runs/{cfg['name']}/; leave out --out (it then goes to "
+                          f"{RESULTS_ROOT}/{HAND_FOLDER}/<hash>/), give another --out, or put the settings in the "
+                          f"config (or a new config with its own name)")
+    return Path(args.out)
 
 
 if __name__ == "__main__":

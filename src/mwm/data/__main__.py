@@ -71,6 +71,11 @@ def _cmd_prepare(args) -> int:
     out = prepare(_section(args), args.out, force=args.force)
     ds = TokenDataset(out)
     print(out)
+    if args.config:  # a split too short for the config's model fails here, before any training
+        from .splits import check_splits
+
+        check_splits(load_config(args.config, args.overrides), ds.meta, str(ds.folder / "meta.json"),
+                     source=args.config)
     if args.verify:
         ds.verify_checksums()
     return 0

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from ..config import ConfigError, load_config
+from ..owner import check_owner
 from ..paths import inside
 from ..runs import check_grid
 from .ledger import build_ledger, write_ledger
@@ -48,6 +49,7 @@ def main(argv=None) -> int:
     try:
         cfg = load_config(args.config)
         check_grid(cfg["grid"])
+        check_owner(args.results, cfg, args.config)  # a copied config keeping the name is refused
         out = Path(args.out) if args.out else inside("paper_figures", cfg["name"], what="config name")
         build(cfg, Path(args.results), out)
     except (ConfigError, ReportError) as exc:

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..runs import RUN_FILES, grid_variants, run_dir
+from ..runs import RUN_FILES, expected_identity, grid_variants, identity_problem, run_dir
 
 __all__ = ["ReportError", "RunData", "load_runs", "spectra_steps", "load_spectrum"]
 
@@ -40,7 +40,7 @@ def _read_csv(path: Path) -> pd.DataFrame:
 
 def load_runs(cfg: dict, root: str | Path = "results") -> dict[tuple[str, int], RunData]:
     """Every (variant, seed) of the config's grid."""
-    missing, runs = [], {}
+    missing, foreign, runs = [], [], {}
     for variant in grid_variants(cfg["grid"]):
         for seed in cfg["grid"]["seeds"]:
             d = run_dir(root, cfg["name"], variant, seed)
@@ -57,8 +57,18 @@ def load_runs(cfg: dict, root: str | Path = "results") -> dict[tuple[str, int], 
                 _read_csv(d / "attention.csv"), _read_csv(d / "metrics.csv"),
             )
             check_backed(runs[variant, seed])
+            problem = identity_problem(summary, expected_identity(cfg, variant, seed))
+            if problem:
+                foreign.append(f"{d / 'summary.json'}: {problem}")
     if missing:
         raise ReportError("training runs missing for the report:\n  " + "\n  ".join(missing))
+    if foreign:
+        raise ReportError(
+            f"training runs that are not config {cfg['name']!r}'s own (a hand run with overrides, an edited "
+            "config whose runs were not retrained, or a copy); the report would show them as the config's:\n  "
+            + "\n  ".join(foreign)
+            + "\nRetrain them from the config (snakemake --forcerun <summary.json> ..., or move the run folder "
+              "out of results/runs/ and run the workflow), or restore the config they were trained with")
     return runs
 
 

@@ -1,0 +1,103 @@
+"""mwm.checks: what a config alone tells, checked before any job (issue 24, item 3).
+
+Before, n_embd % n_head, a grid.custom pattern matching nothing and a split shorter than
+block_size failed only inside a train job, after the data and the studies had run."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import fakedata
+from mwm.checks import check_config, check_splits, min_split_tokens
+from mwm.config import ConfigError, load_config
+from test_reliability import HAS_SNAKEMAKE, repo_copy, snakemake_in
+
+needs_snakemake = pytest.mark.skipif(not HAS_SNAKEMAKE, reason="snakemake not installed")
+
+
+def _cfg(tmp_path, **over):
+    return load_config(fakedata.write_config(tmp_path / "tiny.yaml", **over))
+
+
+def test_head_divisibility_and_custom_patterns_are_checked_without_data(tmp_path):
+    check_config(_cfg(tmp_path, grid__custom={"l0": {"transformer.h.0.attn.*": "stiefel"}},
+                      grid__assignments=["none", "l0"]))
+    with pytest.raises(ConfigError, match=r"tiny.yaml: model: n_embd=15 is not divisible by n_head=2"):
+        check_config(_cfg(tmp_path, model__n_embd=15), source=str(tmp_path / "tiny.yaml"))
+    with pytest.raises(ConfigError, match=r"grid.custom.mine: .*\['\*.attn.q_proj.\*'\] match no hidden matrix"):
+        check_config(_cfg(tmp_path, grid__custom={"mine": {"*.attn.q_proj.*": "stiefel"}},
+                          grid__assignments=["mine"]))
+    # a custom assignment the grid does not train is not checked (nothing would run it)
+    check_config(_cfg(tmp_path, grid__custom={"unused": {"nothing.*": "stiefel"}}))
+
+
+def test_a_named_size_is_checked_by_its_shape(tmp_path):
+    check_config(_cfg(tmp_path, model__size="gpt2", grid__custom={"x": {"transformer.h.11.mlp.*": "dgram"}},
+                      grid__assignments=["x"]))
+
+
+def test_split_shorter_than_a_window_is_refused_naming_file_and_key(tmp_path):
+    cfg = _cfg(tmp_path, model__block_size=64)
+    need = min_split_tokens(64)
+    ok = {"splits": {"train": {"tokens": 10_000}, "val": {"tokens": need}}}
+    check_splits(cfg, ok, "d/meta.json")
+    short = {"splits": {"train": {"tokens": 10_000}, "val": {"tokens": need - 1}}}
+    with pytest.raises(ConfigError, match=rf"cfg.yaml: model.block_size = 64 needs .* val split of d/meta.json "
+                                          rf"has {need - 1}"):
+        check_splits(cfg, short, "d/meta.json", source="cfg.yaml")
+
+
+def test_data_job_fails_when_its_val_split_is_too_short_for_the_model(tmp_path, monkeypatch, capsys):
+    from mwm.data.__main__ import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "corpus").mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(4):
+        (tmp_path / "corpus" / f"d{i}.txt").write_text(" ".join(rng.choice(["the", "king", "is", "dead"], 300)))
+    over = dict(data__corpus="text", data__paths=["corpus/*.txt"], data__vocab_size=16, data__num_proc=1,
+                data__split="tail", data__val_fraction=0.1)
+    cfg = fakedata.write_config(tmp_path / "ok.yaml", **over)
+    assert main(["prepare", "--config", str(cfg)]) == 0
+    capsys.readouterr()
+    big = fakedata.write_config(tmp_path / "big.yaml", model__block_size=256, **over)
+    assert main(["prepare", "--config", str(big)]) == 1
+    err = capsys.readouterr().err
+    assert "big.yaml: model.block_size = 256" in err and "val split" in err and "meta.json" in err
+
+
+# -- through Snakemake: refused when the workflow loads, before any job ---------------------------
+def _dry(repo, cfg):
+    proc = snakemake_in(repo, "--configfile", cfg, "--dry-run", "--nolock", "--cores", "1", "all")
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+@needs_snakemake
+def test_workflow_refuses_heads_that_do_not_divide_before_any_job(tmp_path):
+    repo = repo_copy(tmp_path / "repo")
+    text = (repo / "config" / "ci.yaml").read_text()
+    (repo / "config" / "heads.yaml").write_text(text.replace("name: ci", "name: heads").replace("n_head: 2",
+                                                                                                "n_head: 3"))
+    rc, out = _dry(repo, "config/heads.yaml")
+    assert rc != 0 and "n_embd=32 is not divisible by n_head=3" in out and "config/heads.yaml" in out, out[-2000:]
+    assert "rule prepare_data" not in out
+
+
+@needs_snakemake
+def test_workflow_refuses_existing_data_too_short_for_block_size(tmp_path):
+    """Data made by another config with the same data section: its job does not rerun, so the
+    split sizes are checked when the workflow loads."""
+    from mwm.data import dataset_dir
+
+    repo = repo_copy(tmp_path / "repo")
+    cfg = load_config(repo / "config" / "ci.yaml")
+    folder = repo / dataset_dir(cfg["data"])
+    folder.mkdir(parents=True)
+    tokens = min_split_tokens(cfg["model"]["block_size"]) - 1
+    (folder / "meta.json").write_text(json.dumps({"splits": {"train": {"tokens": 10 ** 6}, "val": {"tokens": tokens}}}))
+    rc, out = _dry(repo, "config/ci.yaml")
+    assert rc != 0 and f"val split of {dataset_dir(cfg['data'])}/meta.json has {tokens}" in out, out[-2000:]
+    assert "rule train" not in out
