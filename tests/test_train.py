@@ -226,3 +226,28 @@ def test_two_ranks_equal_one_rank(tmp_path):
         assert torch.allclose(a[k], b[k], atol=2e-5, rtol=1e-4), k
     s = json.loads((tmp_path / "r2" / "runs" / "tiny" / "ddp" / "seed0" / "summary.json").read_text())
     assert s["world_size"] == 2
+
+
+def test_full_disk_at_a_checkpoint_is_named_in_the_summary_and_the_run_resumes(tmp_path, monkeypatch, capsys):
+    """The second checkpoint (step 8) hits a full disk: summary.json says "No space left on
+    device" (not PyTorch's "unexpected pos"), the job ends with one line, the checkpoint of
+    step 4 is intact and the next start resumes from it."""
+    from test_io import full_disk_for
+
+    failed = full_disk_for(monkeypatch, ".ckpt.pt.", after=1)
+    rc, run = run_inprocess(tmp_path, "stiefel")
+    err = capsys.readouterr().err
+    assert failed and rc == 1
+    assert "No space left on device" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    s = json.loads((run / "summary.json").read_text())
+    assert s["status"] == "failed" and "No space left on device" in s["error"] and "unexpected pos" not in s["error"]
+    ck = torch.load(tmp_path / "out" / "checkpoints" / "tiny" / "stiefel" / "seed0" / "ckpt.pt", weights_only=True)
+    assert ck["step"] == 4
+
+    monkeypatch.undo()
+    monkeypatch.setattr("mwm.train.resolve_data", lambda cfg: fakedata.FakeData())
+    rc, run = run_inprocess(tmp_path, "stiefel")
+    assert rc == 0 and "resumed from" in capsys.readouterr().out
+    s = json.loads((run / "summary.json").read_text())
+    assert s["status"] == "completed" and s["steps_done"] == 12
+    assert [r[0] for r in csv_cols(run / "metrics.csv", ("step",))] == [str(i) for i in range(12)]

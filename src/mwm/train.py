@@ -609,6 +609,16 @@ def train(cfg: dict, assignment: str, seed: int, retraction: str | None = None,
             run.write_summary(status="failed", error=str(exc))
             print(f"error: {exc}", file=sys.stderr)
             return 2
+        except OSError as exc:  # a full disk, a quota, EIO: the OS's own words, one line (no traceback)
+            error = f"{type(exc).__name__}: {exc}"
+            if exc.filename is not None and str(exc.filename).endswith(".pt"):
+                error += " (a checkpoint write failed: the previous checkpoint is kept and the run resumes from it)"
+            try:
+                run.write_summary(status="failed", error=error)
+            except OSError as again:
+                error += f"; summary.json not written either ({again.strerror})"
+            print(f"error: {error}", file=sys.stderr)
+            return 1
         except Exception as exc:
             run.write_summary(status="failed", error=f"{type(exc).__name__}: {exc}")
             raise
