@@ -251,3 +251,24 @@ def test_full_disk_at_a_checkpoint_is_named_in_the_summary_and_the_run_resumes(t
     s = json.loads((run / "summary.json").read_text())
     assert s["status"] == "completed" and s["steps_done"] == 12
     assert [r[0] for r in csv_cols(run / "metrics.csv", ("step",))] == [str(i) for i in range(12)]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--seed", "99999999999999999999"], "above 2147483647"),
+    (["--out", "/"], "the filesystem root is not an output folder"),
+    (["--out", "/proc"], "--out /proc is not a writable folder"),
+])
+def test_bad_seed_and_output_roots_are_refused_before_the_run(tmp_path, monkeypatch, capsys, args, needle):
+    """`--seed 99999999999999999999` died with "Overflow when unpacking long long"; `--out /`
+    (as root) made /runs and /checkpoints; `--out /proc` was a traceback."""
+    started = []
+    monkeypatch.setattr("mwm.train.train", lambda *a, **k: started.append(a) or 0)
+    cfg = fakedata.write_config(tmp_path / "tiny.yaml")
+    argv = ["--config", str(cfg), "--assignment", "none", "--seed", "0", "--out", str(tmp_path / "o"), *args]
+    try:
+        rc = main(argv)
+    except SystemExit as exc:  # argparse's refusal
+        rc = exc.code
+    err = capsys.readouterr().err
+    assert rc == 2 and needle in err and "Traceback" not in err
+    assert started == [] and not (tmp_path / "o").exists()

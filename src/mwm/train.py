@@ -47,12 +47,13 @@ import torch
 
 from . import __version__
 from .assignments import build_optimizers
-from .config import ConfigError, config_hash, load_config, resolve_device
+from .config import ConfigError, config_hash, load_config, resolve_device, seed_bound
 from .diagnostics import ATTENTION_COLUMNS, SPECTRAL_COLUMNS, attention_stats, spectral_stats
 from .io import atomic_savez, atomic_torch_save, atomic_write_json
 from .launch import launch, ranks_per_run, worker_exit, worker_started
 from .model import GPT, SIZES, GPTConfig
 from .names import parse_variant, uses_dgram, variant_name
+from .paths import check_out_root
 from .runs import RunFolder, assignment_spec, check_grid, run_config
 from .schedule import learning_rates
 
@@ -630,7 +631,7 @@ def train(cfg: dict, assignment: str, seed: int, retraction: str | None = None,
             torch.distributed.destroy_process_group()
 
 
-def _int_at_least(low: int):
+def _int_at_least(low: int, high: int | None = None):
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -638,6 +639,8 @@ def _int_at_least(low: int):
             raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
         if value < low:
             raise argparse.ArgumentTypeError(f"{value} is below {low}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"{value} is above {high}, the largest the schema allows")
         return value
 
     return parse
@@ -650,7 +653,8 @@ def main(argv=None) -> int:
     ap.add_argument("--assignment", required=True,
                     help="assignment name (none, stiefel, dgram, hetero, hetero-inv, oblique, adamw) or a "
                          "variant with -colnorm suffix")
-    ap.add_argument("--seed", type=_int_at_least(0), required=True)
+    ap.add_argument("--seed", type=_int_at_least(0, seed_bound()), required=True,
+                    help=f"run seed, 0 to {seed_bound()} (grid.seeds' bound)")
     ap.add_argument("--retraction", choices=["paper", "colnorm"], default=None,
                     help="DGram retraction (default: train.dgram_retraction of the config)")
     ap.add_argument("--out", default="results", help="results root (default: results)")
@@ -662,6 +666,7 @@ def main(argv=None) -> int:
     ap.add_argument("overrides", nargs="*", help="config overrides, dotted.key=value")
     args = ap.parse_args(argv)
     try:
+        check_out_root(args.out)
         cfg = load_config(args.config, args.overrides)
         check_grid(cfg["grid"])
         assignment, suffix_retraction = parse_variant(args.assignment)
