@@ -305,3 +305,22 @@ def test_a_capture_training_that_diverges_is_not_captured_with_its_reason(tmp_pa
     assert (tmp_path / "pf2" / "fig_solvers_pareto.png").is_file()
     assert pd.read_csv(tmp_path / "pf2" / "table_solvers.csv")["cheapest matching"].str.startswith(
         "not captured: unstable at step ").all()
+
+
+def test_capture_missing_reads_the_runs_summary(tmp_path):
+    import json
+
+    from mwm.studies.solvers import capture_missing
+
+    sec = {"capture_start": 3, "capture_length": 2}
+    (tmp_path / "sequence").mkdir()
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "unstable", "onset_step": 1, "steps_done": 1}))
+    assert capture_missing(tmp_path, sec) == ("unstable at step 1 (the capture training stopped at step 1; "
+                                              "captured 0 of steps 3-4)")
+    for s in (3, 4):
+        (tmp_path / "sequence" / f"step_{s:06d}.npz").write_bytes(b"")
+    assert capture_missing(tmp_path, sec) is None  # unstable later, but the window is there
+    (tmp_path / "sequence" / "step_000004.npz").unlink()
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "completed", "onset_step": None, "steps_done": 5}))
+    with pytest.raises(ValueError, match="ended with status completed but captured 1 of steps 3-4"):
+        capture_missing(tmp_path, sec)

@@ -154,7 +154,8 @@ def capture_sequences(cfg: dict, sec: dict, out: Path, log=print) -> tuple[list[
 
 def capture_missing(run: Path, sec: dict) -> str | None:
     """Why the capture training in ``run`` holds fewer than ``capture_length`` captured
-    steps from ``capture_start`` (None: it holds them all)."""
+    steps from ``capture_start`` (None: it holds them all): it went unstable and stopped
+    first. A run that did not and still lacks steps is an error (ValueError)."""
     want = range(sec["capture_start"], sec["capture_start"] + sec["capture_length"])
     have = [s for s in want if (run / "sequence" / f"step_{s:06d}.npz").is_file()]
     if len(have) == len(want):
@@ -167,7 +168,8 @@ def capture_missing(run: Path, sec: dict) -> str | None:
     if summary.get("status") == "unstable":
         return (f"unstable at step {summary.get('onset_step')} (the capture training stopped at step "
                 f"{summary.get('steps_done')}; {where})")
-    return f"the capture training ended with status {summary.get('status', 'unknown')} ({where})"
+    raise ValueError(f"the capture training in {run} ended with status {summary.get('status', 'unknown')} but "
+                     f"{where} (see {run / 'summary.json'})")
 
 
 def load_sequence(run: Path) -> list[dict]:
