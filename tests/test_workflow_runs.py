@@ -211,3 +211,28 @@ def test_a_config_whose_every_run_diverges_still_completes_its_dag(tmp_path):
     assert (figures / "fig_solvers_pareto.png").is_file()
     t4 = (figures / "table4_results.csv").read_text()
     assert t4.count("Unstable") == 3, t4
+
+
+def test_snakemake_refuses_an_alias_bomb_at_once(tmp_path):
+    """`snakemake -n` on nine levels of nine YAML aliases took 1.7-2.3 GB and was killed at 60 s
+    (the schema error message serialised the expanded config); now one line, at once."""
+    import resource
+
+    from test_config import alias_bomb
+
+    path = tmp_path / "bomb.yaml"
+    path.write_text(alias_bomb())
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+    env = dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    env.pop("SNAKEMAKE_PROFILE", None)
+    try:
+        res = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "-d", str(tmp_path),
+                              "--configfile", str(path), "--cores", "1", "-n", "all"], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=60, preexec_fn=limit)
+    except subprocess.TimeoutExpired:
+        pytest.fail("snakemake -n on an alias bomb did not end within 60 s")
+    assert res.returncode != 0
+    assert f"config {path} holds more than 100,000 values once its YAML aliases are expanded" in res.stdout + res.stderr
