@@ -241,6 +241,7 @@ def test_full_disk_at_a_checkpoint_is_named_in_the_summary_and_the_run_resumes(t
     assert "No space left on device" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     s = json.loads((run / "summary.json").read_text())
     assert s["status"] == "failed" and "No space left on device" in s["error"] and "unexpected pos" not in s["error"]
+    assert "the previous checkpoint is kept" in s["error"]
     ck = torch.load(tmp_path / "out" / "checkpoints" / "tiny" / "stiefel" / "seed0" / "ckpt.pt", weights_only=True)
     assert ck["step"] == 4
 

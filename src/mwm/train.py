@@ -612,8 +612,8 @@ def train(cfg: dict, assignment: str, seed: int, retraction: str | None = None,
             return 2
         except OSError as exc:  # a full disk, a quota, EIO: the OS's own words, one line (no traceback)
             error = f"{type(exc).__name__}: {exc}"
-            if exc.filename is not None and str(exc.filename).endswith(".pt"):
-                error += " (a checkpoint write failed: the previous checkpoint is kept and the run resumes from it)"
+            if exc.filename is not None and Path(exc.filename) == run.ckpt_path:
+                error += " (the checkpoint write failed: the previous checkpoint is kept and the run resumes from it)"
             try:
                 run.write_summary(status="failed", error=error)
             except OSError as again:
