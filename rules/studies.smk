@@ -48,8 +48,9 @@ rule study_absorption:
     conda:
         "../envs/mwm.yaml"
     shell:
-        "python -m mwm.studies.absorption --config {params.config:q} --out {params.out:q} {params.pairs} "
-        "studies.threads={threads} > {log:q} 2>&1"
+        # overrides before --pairs, which takes every argument after it
+        "python -m mwm.studies.absorption --config {params.config:q} --out {params.out:q} studies.threads={threads} "
+        "{params.pairs} > {log:q} 2>&1"
 
 
 rule study_audits:

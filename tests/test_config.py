@@ -1,14 +1,109 @@
-"""mwm.config: device settings (cuda:N accepted, as bench_gpu and the docs offer it) and
-the GPU-only checks that need no GPU to be tested."""
+"""mwm.config: bounds before validation (alias bombs, sizes, seeds) and bounded messages."""
+
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
-
-from mwm.config import ConfigError, load_config, resolve_device
+import yaml
 
 import fakedata
+import mwm.config as config
+from mwm.config import ConfigError, load_config, load_schema, resolve_device, validate
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
+def alias_bomb(levels: int = 9, width: int = 9) -> str:
+    """Nested anchors: ``levels`` lists of ``width`` aliases of the one before (9^9 = 387M leaves)."""
+    lines = ["name: bomb", "x0: &x0 [" + ", ".join(["lol"] * width) + "]"]
+    for i in range(1, levels):
+        lines.append(f"x{i}: &x{i} [" + ", ".join([f"*x{i - 1}"] * width) + "]")
+    lines.append(f"train: {{batch_size: *x{levels - 1}}}")
+    return "\n".join(lines) + "\n"
+
+
+def _limit_memory():  # the old code expanded the bomb: 1.7-2.3 GB, then killed
+    resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+
+def test_an_alias_bomb_is_refused_at_once_naming_the_file(tmp_path):
+    path = tmp_path / "bomb.yaml"
+    path.write_text(alias_bomb())
+    env = dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    code = ("import sys\nfrom mwm.config import ConfigError, load_config\n"
+            "try:\n    load_config(sys.argv[1])\nexcept ConfigError as e:\n    print(e)\n")
+    t0 = time.monotonic()
+    try:
+        res = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60,
+                             env=env, preexec_fn=_limit_memory)
+    except subprocess.TimeoutExpired:
+        pytest.fail("load_config of an alias bomb did not return within 60 s")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert f"config {path} holds more than {config.MAX_CONFIG_NODES:,} values" in res.stdout and "alias" in res.stdout
+    assert time.monotonic() - t0 < 30
+
+
+def test_a_config_that_contains_itself_and_an_oversized_file_are_refused(tmp_path):
+    path = tmp_path / "loop.yaml"
+    path.write_text("name: loop\ntrain: &t {batch_size: 8, again: *t}\n")
+    with pytest.raises(ConfigError, match="contains itself"):
+        load_config(path)
+    big = tmp_path / "big.yaml"
+    big.write_text("name: big\n" + "#" * 2_000_000 + "\n")
+    with pytest.raises(ConfigError, match=f"config file {big} is 2,000,011 bytes"):
+        load_config(big)
+
+
+def test_error_messages_stay_short_whatever_the_value(tmp_path):
+    huge = list(range(50_000))
+    with pytest.raises(ConfigError) as info:
+        validate({"name": "x", "train": {"batch_size": huge}}, source="x.yaml")
+    msg = str(info.value)
+    assert "train.batch_size" in msg and len(msg) < 400 and "[0, 1, 2" in msg
+    shared = ["a" * 10] * 9
+    for _ in range(8):  # 9^9 leaves if serialised: the preview stops at its limit
+        shared = [shared] * 9
+    t0 = time.monotonic()
+    assert len(config._preview(shared)) == 80 and time.monotonic() - t0 < 1
+    assert config._preview({"a": 1}) == '{"a": 1}' and config._preview("x" * 500).endswith("...")
+
+
+@pytest.mark.parametrize("key,value", [("train.batch_size", 1_000_000_000), ("train.eval_iters", 10**7),
+                                       ("train.grad_accum", 10**6), ("train.probe_batch", 10**6),
+                                       ("model.block_size", 10**7), ("model.n_embd", 10**6),
+                                       ("model.n_layer", 10**5), ("model.n_head", 10**5)])
+def test_sizes_that_set_memory_have_upper_bounds_in_the_schema(tmp_path, key, value):
+    section, name = key.split(".")
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"name": "c", section: {name: value}}))
+    with pytest.raises(ConfigError, match=rf"{key}: {value} is greater than the maximum of \d+"):
+        load_config(path)
+
+
+def test_seeds_are_bounded_by_one_schema_value(tmp_path):
+    bound = config.seed_bound()
+    assert bound == 2**31 - 1 == load_schema()["properties"]["grid"]["properties"]["seeds"]["items"]["maximum"]
+    for key in ("grid.seeds=[99999999999999999999]", "train.eval_seed=99999999999999999999",
+                "studies.seed=4294967296", "data.seed=4294967296", "studies.solvers.seed=4294967296"):
+        path = tmp_path / "c.yaml"
+        path.write_text("name: c\n")
+        with pytest.raises(ConfigError, match="is greater than the maximum of 2147483647"):
+            load_config(path, [key])
+    path.write_text("name: c\n")
+    assert load_config(path, [f"grid.seeds=[0, {bound}]"])["grid"]["seeds"] == [0, bound]
+
+
+def test_shipped_configs_are_within_the_bounds():
+    for path in sorted((ROOT / "config").glob("*.yaml")):
+        load_config(path)
+
+
+# -- devices (cuda:N accepted, as bench_gpu and the docs offer it) --
 @pytest.mark.parametrize("device", ["auto", "cpu", "cuda", "cuda:0", "cuda:3"])
 def test_schema_accepts_every_device_the_docs_offer(tmp_path, device):
     cfg = load_config(fakedata.write_config(tmp_path / "c.yaml", train__device=device))

@@ -322,3 +322,36 @@ def test_cli(tmp_path, corpus, capsys):
     res = subprocess.run([sys.executable, "-m", "mwm.data", "prepare", "--help"],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and "--corpus" in res.stdout and "--config" in res.stdout
+
+
+def test_prepare_removes_work_folders_of_killed_prepares(tmp_path, corpus):
+    """A killed prepare leaves its .prepare-* folder (OpenWebText: ~40 GB); the next one
+    removes those of dead processes of this host and keeps the others."""
+    import os
+    import socket
+
+    from mwm.lock import _proc_start
+
+    host, me = socket.gethostname(), os.getpid()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    dead_pid = int(dead.stdout)
+    out = tmp_path / "t"
+    names = {
+        "dead": f".prepare-{host}-{dead_pid}-12345-abc_1",
+        "reused": f".prepare-{host}-{me}-1-xyz",  # our pid, another start time: its process is gone
+        "live": f".prepare-{host}-{me}-{_proc_start(me) or 0}-live",
+        "other_host": ".prepare-elsewhere-1-1-q",
+        "legacy": ".prepare-k3j2h1",
+    }
+    for name in names.values():
+        (out / name).mkdir(parents=True)
+        (out / name / "all.raw").write_bytes(b"x" * 1000)
+    logs = []
+    prepare(_text_section(corpus), out, num_proc=1, log=logs.append)
+    left = sorted(p.name for p in out.iterdir() if p.name.startswith(".prepare-"))
+    assert left == sorted([names["live"], names["other_host"], names["legacy"]])
+    assert (out / "train.bin").is_file() and (out / "meta.json").is_file()
+    text = "\n".join(logs)
+    assert f"removed {out / names['dead']}" in text and f"removed {out / names['reused']}" in text
+    assert "host elsewhere" in text and "older prepare" in text

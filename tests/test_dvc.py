@@ -502,3 +502,37 @@ def test_jobs_parsed_from_the_dry_run(monkeypatch):
     train.shellcmd = "bash scripts/launch.sh"
     with pytest.raises(dvcgen.DvcGenError, match="no `-m mwm"):
         dvcgen.code_deps("train", [train])
+
+
+def test_sync_says_first_that_the_remote_folder_or_the_lock_file_is_missing(tmp_path, monkeypatch, capsys):
+    """`dvc pull` with the default remote's folder missing and no dvc.lock prints "Everything
+    is up to date" and then one "checkout failed" per path; sync says why before pulling."""
+    from mwm import dvcgen
+
+    env = dict(os.environ)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    run(["dvc", "init", "--no-scm", "-q"], repo, env)
+    run(["dvc", "remote", "add", "-d", "local", "../remote"], repo, env)
+    pipeline = Path("pipelines") / "x" / "dvc.yaml"
+    (repo / pipeline).parent.mkdir(parents=True)
+    (repo / pipeline).write_text("stages: {}\n")
+    monkeypatch.chdir(repo)
+    monkeypatch.setattr(dvcgen, "config_pipeline", lambda cfg: (pipeline, {"s": {"outs": ["results/a"]}}))
+    ran = []
+    monkeypatch.setattr(dvcgen, "_run", lambda cmd: ran.append(cmd) or 0)
+
+    assert dvcgen.sync(["config/x.yaml"]) == 1
+    err = capsys.readouterr().err
+    assert ran == []  # nothing pulled, nothing touched
+    assert "pipelines/x/dvc.lock does not exist" in err
+    assert f"the folder of DVC remote 'local', {tmp_path / 'remote'}, does not exist" in err
+    assert dvcgen.sync(["config/x.yaml"], remote="elsewhere") == 1
+    assert "DVC remote 'elsewhere' is not configured" in capsys.readouterr().err
+
+    (repo / pipeline).with_name("dvc.lock").write_text("schema: '2.0'\n")
+    (tmp_path / "remote").mkdir()
+    assert dvcgen.pull_problems(pipeline) == []
+    assert dvcgen.sync(["config/x.yaml"]) == 1  # pulled, then the missing output is named
+    assert ran and ran[0][:2] == ["dvc", "pull"]
+    assert "tracked outputs of config/x.yaml are missing" in capsys.readouterr().err

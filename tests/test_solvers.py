@@ -261,3 +261,66 @@ def test_a_sequence_argument_that_is_no_run_folder_fails_before_any_work(tmp_pat
                "studies.solvers.capture_length=2"])
     assert rc == 2 and "--sequence studies.solvers.capture_length=2: no run folder" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_capture_training_that_diverges_is_not_captured_with_its_reason(tmp_path, monkeypatch):
+    """The DGram capture training overflows at once (learning rates 1e6 through train_overrides):
+    the study measures Stiefel, lists DGram as "not captured" with its onset, and the
+    report's table says so; with every capture diverged the files hold headers only."""
+    monkeypatch.setattr("mwm.train.resolve_data", lambda cfg: fakedata.FakeData())
+    import json
+
+    import pandas as pd
+    from mwm.config import load_config
+    from mwm.report.studies import fig_solvers
+    from mwm.studies.common import read_csv
+    from mwm.studies.solvers import run_solvers
+
+    small = ["studies.solvers.capture_start=2", "studies.solvers.capture_length=2",
+             "studies.solvers.reference_iterations=10", "studies.solvers.baseline_steps=5",
+             "studies.solvers.converged_iterations=5", "studies.solvers.dual_ascent_steps=[2]",
+             "studies.solvers.warm_steps=[]", "studies.solvers.tols=[]", "studies.solvers.admm_steps=[2]",
+             "studies.solvers.admm_rho=[1.0]", "studies.device=cpu"]
+    cfg_path = fakedata.write_config(tmp_path / "tiny.yaml", train__warmup_iters=0)
+    cfg = load_config(cfg_path, small + ["grid.assignments=[stiefel,dgram]",
+                                         "grid.train_overrides={dgram: {learning_rate: 1.0e+6, muon_lr: 1.0e+6}}"])
+    derived = run_solvers(cfg, tmp_path / "one", log=lambda *a: None)
+    assert set(derived["by_manifold"]) == {"stiefel"}
+    (missing,) = derived["not_captured"]
+    assert missing["assignment"] == "dgram" and missing["reason"].startswith("unstable at step ")
+    st = {"solvers_summary.csv": pd.read_csv(tmp_path / "one" / "solvers_summary.csv"),
+          "solvers_derived.json": json.loads((tmp_path / "one" / "solvers_derived.json").read_text())}
+    fig_solvers(st, tmp_path / "pf")
+    table = pd.read_csv(tmp_path / "pf" / "table_solvers.csv")
+    assert list(table.manifold) == ["stiefel", "dgram (assignment)"]
+    assert table["cheapest matching"].iloc[1].startswith("not captured: unstable at step ")
+
+    cfg = load_config(cfg_path, small + ["train.learning_rate=1e6", "train.muon_lr=1e6"])
+    derived = run_solvers(cfg, tmp_path / "none", log=lambda *a: None)
+    assert derived["by_manifold"] == {} and [m["assignment"] for m in derived["not_captured"]] == ["stiefel", "dgram"]
+    assert read_csv(tmp_path / "none" / "solvers.csv") == []
+    st = {"solvers_summary.csv": pd.read_csv(tmp_path / "none" / "solvers_summary.csv"),
+          "solvers_derived.json": json.loads((tmp_path / "none" / "solvers_derived.json").read_text())}
+    fig_solvers(st, tmp_path / "pf2")
+    assert (tmp_path / "pf2" / "fig_solvers_pareto.png").is_file()
+    assert pd.read_csv(tmp_path / "pf2" / "table_solvers.csv")["cheapest matching"].str.startswith(
+        "not captured: unstable at step ").all()
+
+
+def test_capture_missing_reads_the_runs_summary(tmp_path):
+    import json
+
+    from mwm.studies.solvers import capture_missing
+
+    sec = {"capture_start": 3, "capture_length": 2}
+    (tmp_path / "sequence").mkdir()
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "unstable", "onset_step": 1, "steps_done": 1}))
+    assert capture_missing(tmp_path, sec) == ("unstable at step 1 (the capture training stopped at step 1; "
+                                              "captured 0 of steps 3-4)")
+    for s in (3, 4):
+        (tmp_path / "sequence" / f"step_{s:06d}.npz").write_bytes(b"")
+    assert capture_missing(tmp_path, sec) is None  # unstable later, but the window is there
+    (tmp_path / "sequence" / "step_000004.npz").unlink()
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "completed", "onset_step": None, "steps_done": 5}))
+    with pytest.raises(ValueError, match="ended with status completed but captured 1 of steps 3-4"):
+        capture_missing(tmp_path, sec)

@@ -3,6 +3,7 @@
 import json
 import math
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -299,6 +300,35 @@ def test_absorption_cli_with_pairs_and_bad_pairs_file(tmp_path, capsys):
                           "studies.absorption.sizes=[8]", "studies.absorption.seeds=1"])
     assert rc == 2 and "G_1" in capsys.readouterr().err
     assert not (tmp_path / "o" / "absorption.csv").exists()  # the bad file fails before any work
+
+
+def test_absorption_passes_over_a_truncated_pairs_file_to_the_next(tmp_path, capsys):
+    """A truncated pairs.npz (a killed copy, a full disk): named with its reason, and the
+    next listed file is used, as the preference list promises."""
+    _write_pairs(tmp_path / "good.npz")
+    whole = (tmp_path / "good.npz").read_bytes()
+    (tmp_path / "cut.npz").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "junk.npz").write_bytes(b"not a zip file at all")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("studies:\n  device: cpu\n")
+    rc = absorption.main(["--config", str(cfg), "--out", str(tmp_path / "o"), "studies.absorption.sizes=[8]",
+                          "studies.absorption.seeds=1", "studies.absorption.reference_iterations=12",
+                          "studies.absorption.snapshots=[2,4]", "studies.absorption.flatness_T=[2,4]",
+                          "studies.precisions=[float32]",
+                          "--pairs", str(tmp_path / "cut.npz"), str(tmp_path / "junk.npz"), str(tmp_path / "good.npz")])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert "Traceback" not in err and f"pairs file {tmp_path / 'cut.npz'} is not a readable NPZ" in err
+    d = json.loads((tmp_path / "o" / "absorption_derived.json").read_text())
+    assert d["pairs_file"] == str(tmp_path / "good.npz") and d["pairs"]["per_pair"]
+    assert [Path(p["file"]).name for p in d["pairs_not_captured"]] == ["cut.npz", "junk.npz"]
+    assert all(p["reason"].startswith(f"pairs file {p['file']} is not a readable NPZ") for p in d["pairs_not_captured"])
+    assert "BadZipFile" in d["pairs_not_captured"][0]["reason"]
+
+
+def test_an_override_after_pairs_is_named_as_such(tmp_path):
+    with pytest.raises(FileNotFoundError, match="overrides go before --pairs"):
+        absorption.choose_pairs(["studies.threads=1"])
 
 
 # -- output helpers ------------------------------------------------------------------------------

@@ -319,3 +319,50 @@ def test_config_errors_fail_before_any_data_is_read(tmp_path, monkeypatch, capsy
                           grid__assignments=["mine"])
     err = capsys.readouterr().err
     assert rc == 2 and "grid.custom.mine" in err and "match no hidden matrix" in err and not d.exists()
+
+
+def test_full_disk_at_a_checkpoint_is_named_in_the_summary_and_the_run_resumes(tmp_path, monkeypatch, capsys):
+    """The second checkpoint (step 8) hits a full disk: summary.json says "No space left on
+    device" (not PyTorch's "unexpected pos"), the job ends with one line, the checkpoint of
+    step 4 is intact and the next start resumes from it."""
+    from test_io import full_disk_for
+
+    failed = full_disk_for(monkeypatch, ".ckpt.pt.", after=1)
+    rc, run = run_inprocess(tmp_path, "stiefel")
+    err = capsys.readouterr().err
+    assert failed and rc == 1
+    assert "No space left on device" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    s = json.loads((run / "summary.json").read_text())
+    assert s["status"] == "failed" and "No space left on device" in s["error"] and "unexpected pos" not in s["error"]
+    assert "the previous checkpoint is kept" in s["error"]
+    ck = torch.load(tmp_path / "out" / "checkpoints" / "tiny" / "stiefel" / "seed0" / "ckpt.pt", weights_only=True)
+    assert ck["step"] == 4
+
+    monkeypatch.undo()
+    monkeypatch.setattr("mwm.train.resolve_data", lambda cfg: fakedata.FakeData())
+    rc, run = run_inprocess(tmp_path, "stiefel")
+    assert rc == 0 and "resumed from" in capsys.readouterr().out
+    s = json.loads((run / "summary.json").read_text())
+    assert s["status"] == "completed" and s["steps_done"] == 12
+    assert [r[0] for r in csv_cols(run / "metrics.csv", ("step",))] == [str(i) for i in range(12)]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--seed", "99999999999999999999"], "above 2147483647"),
+    (["--out", "/"], "the filesystem root is not an output folder"),
+    (["--out", "/proc"], "--out /proc is not a writable folder"),
+])
+def test_bad_seed_and_output_roots_are_refused_before_the_run(tmp_path, monkeypatch, capsys, args, needle):
+    """`--seed 99999999999999999999` died with "Overflow when unpacking long long"; `--out /`
+    (as root) made /runs and /checkpoints; `--out /proc` was a traceback."""
+    started = []
+    monkeypatch.setattr("mwm.train.train", lambda *a, **k: started.append(a) or 0)
+    cfg = fakedata.write_config(tmp_path / "tiny.yaml")
+    argv = ["--config", str(cfg), "--assignment", "none", "--seed", "0", "--out", str(tmp_path / "o"), *args]
+    try:
+        rc = main(argv)
+    except SystemExit as exc:  # argparse's refusal
+        rc = exc.code
+    err = capsys.readouterr().err
+    assert rc == 2 and needle in err and "Traceback" not in err
+    assert started == [] and not (tmp_path / "o").exists()

@@ -39,6 +39,9 @@ __all__ = [
     "load_config",
     "apply_overrides",
     "config_hash",
+    "check_size",
+    "schema_node",
+    "seed_bound",
 ]
 
 SCHEMA_DIR = Path(__file__).with_name("schema")
@@ -87,6 +90,85 @@ class ConfigError(ValueError):
     """A config that does not validate; the message names file, key and value."""
 
 
+#: Bounds on a config before it is validated: its file size, and its size once YAML
+#: aliases are expanded (mappings, lists and scalars counted; the largest shipped config
+#: has a few hundred) and its nesting. Nine levels of nine aliases expand to 387M nodes.
+MAX_CONFIG_BYTES = 1_000_000
+MAX_CONFIG_NODES = 100_000
+MAX_CONFIG_DEPTH = 64
+
+
+def check_size(cfg: Any, source: str = "<config>") -> int:
+    """The number of nodes of ``cfg`` with every YAML alias expanded, counted without
+    expanding them; ConfigError naming ``source`` past :data:`MAX_CONFIG_NODES` or
+    :data:`MAX_CONFIG_DEPTH`, or for a structure that contains itself."""
+    memo: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(obj: Any, depth: int) -> int:
+        if not isinstance(obj, (dict, list, tuple)):
+            return 1
+        key = id(obj)
+        if key in memo:
+            return memo[key]
+        if key in active:
+            raise ConfigError(f"config {source} contains itself (a YAML alias inside its own anchor)")
+        if depth > MAX_CONFIG_DEPTH:
+            raise ConfigError(f"config {source} is nested deeper than {MAX_CONFIG_DEPTH} levels")
+        active.add(key)
+        items = [*obj.keys(), *obj.values()] if isinstance(obj, dict) else obj
+        n = 1
+        for item in items:
+            n += size(item, depth + 1)
+            if n > MAX_CONFIG_NODES:
+                break
+        active.discard(key)
+        memo[key] = n
+        return n
+
+    total = size(cfg, 0)
+    if total > MAX_CONFIG_NODES:
+        raise ConfigError(f"config {source} holds more than {MAX_CONFIG_NODES:,} values once its YAML aliases are "
+                          "expanded (an alias bomb?); refused before validation")
+    return total
+
+
+def _preview(value: Any, limit: int = 80) -> str:
+    """``value`` as JSON, cut at about ``limit`` characters without serialising the rest
+    (an error message must not expand a huge or aliased value)."""
+    parts: list[str] = []
+    used = 0
+
+    def emit(text: str) -> bool:
+        nonlocal used
+        parts.append(text)
+        used += len(text)
+        return used <= limit
+
+    def walk(v: Any) -> bool:
+        if isinstance(v, dict):
+            if not emit("{"):
+                return False
+            for i, (k, item) in enumerate(v.items()):
+                if not emit((", " if i else "") + json.dumps(str(k)) + ": ") or not walk(item):
+                    return False
+            return emit("}")
+        if isinstance(v, (list, tuple)):
+            if not emit("["):
+                return False
+            for i, item in enumerate(v):
+                if (i and not emit(", ")) or not walk(item):
+                    return False
+            return emit("]")
+        if isinstance(v, str) and len(v) > limit:
+            v = v[: limit + 1]
+        return emit(json.dumps(v, default=str))
+
+    walk(value)
+    text = "".join(parts)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 @functools.lru_cache(maxsize=1)
 def _schema_cached() -> str:
     return json.dumps(_compose_schema())
@@ -95,6 +177,20 @@ def _schema_cached() -> str:
 def load_schema() -> dict:
     """The composed schema: one property per ``schema/<section>.yaml`` (read once)."""
     return json.loads(_schema_cached())
+
+
+def schema_node(dotted: str) -> dict:
+    """The schema of one config key (``grid.seeds``, ``train.batch_size``): where a bound
+    lives, for the code that needs it outside validation (a CLI argument)."""
+    node = load_schema()
+    for part in dotted.split("."):
+        node = node["properties"][part]
+    return node
+
+
+def seed_bound() -> int:
+    """The largest seed a config or ``--seed`` may give (``grid.seeds`` items' maximum)."""
+    return int(schema_node("grid.seeds")["items"]["maximum"])
 
 
 def _compose_schema() -> dict:
@@ -142,15 +238,17 @@ def _path(err) -> str:
 
 def validate(cfg: dict, source: str = "<config>") -> dict:
     """Validate ``cfg`` (a copy gets the defaults) and return it; raise ConfigError."""
+    check_size(cfg, source)  # before anything walks it: copies and messages would expand aliases
     cfg = _integers(copy.deepcopy(cfg), load_schema())
     errors = sorted(_Validator(load_schema()).iter_errors(cfg), key=lambda e: list(e.absolute_path))
     if errors:
         lines = []
         for e in errors[:10]:
-            value = json.dumps(e.instance, default=str)
-            if len(value) > 80:
-                value = value[:77] + "..."
-            lines.append(f"  {_path(e)}: {e.message} (value: {value})")
+            value = _preview(e.instance)
+            msg = e.message  # jsonschema's holds the value's repr: cut its middle, keep what is wrong
+            if len(msg) > 200:
+                msg = msg[:90] + " ... " + msg[-105:]
+            lines.append(f"  {_path(e)}: {msg} (value: {value})")
         more = f"\n  ... and {len(errors) - 10} more" if len(errors) > 10 else ""
         raise ConfigError(f"invalid config {source}:\n" + "\n".join(lines) + more)
     return cfg
@@ -178,11 +276,17 @@ def load_config(path: str | Path, overrides: Iterable[str] = ()) -> dict:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config file {path} is {path.stat().st_size:,} bytes, over the {MAX_CONFIG_BYTES:,} a "
+                          "config may have")
     with open(path) as fh:
         try:
             raw = yaml_load(fh) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+        except RecursionError:
+            raise ConfigError(f"config file {path} is nested too deeply to read") from None
+    check_size(raw, str(path))
     if not isinstance(raw, dict):
         raise ConfigError(f"config file {path} must hold a mapping at top level, got {type(raw).__name__}")
     raw.setdefault("name", path.stem)

@@ -383,6 +383,42 @@ def _out_path(out) -> tuple[str, bool]:
     return path, (opts or {}).get("push", True)
 
 
+def pull_problems(pipeline: Path, remote: str | None = None) -> list[str]:
+    """Why ``dvc pull`` of ``pipeline`` cannot fetch anything, in words ([] when it can
+    try): no ``dvc.lock`` beside it (nothing was ever committed), no remote, or a local
+    remote whose folder does not exist. ``dvc pull`` itself then prints "Everything is
+    up to date" and hundreds of "checkout failed" paths."""
+    problems = []
+    lock = pipeline.with_name("dvc.lock")
+    if not lock.is_file():
+        problems.append(f"{lock.as_posix()} does not exist: this pipeline's results were never committed "
+                        f"(`dvc repro {pipeline.as_posix()}` or `dvc commit -f {pipeline.as_posix()}`, then "
+                        f"`dvc push {pipeline.as_posix()}` and commit {lock.as_posix()})")
+    try:
+        from dvc.repo import Repo
+    except ImportError:  # no dvc: the pull itself will say so
+        return problems
+    try:
+        with Repo(".") as repo:
+            conf = repo.config
+            name = remote or conf["core"].get("remote")
+            remotes = dict(conf["remote"])
+    except Exception as exc:  # noqa: BLE001 - not a DVC repository, an unreadable config
+        return problems + [f"cannot read the DVC configuration here ({type(exc).__name__}: {exc})"]
+    if not name:
+        problems.append("no DVC remote given (--remote) and no default remote set (`dvc remote add -d NAME URL`)")
+    elif name not in remotes:
+        problems.append(f"DVC remote {name!r} is not configured (configured: {', '.join(remotes) or 'none'}; "
+                        "`dvc remote list`)")
+    else:
+        url = str(remotes[name].get("url", ""))
+        local = url[len("file://"):] if url.startswith("file://") else (url if "://" not in url else None)
+        if local is not None and not os.path.isdir(local):
+            problems.append(f"the folder of DVC remote {name!r}, {local}, does not exist (a disk not mounted? "
+                            f"point it elsewhere: `dvc remote modify --local {name} url PATH`)")
+    return problems
+
+
 def sync(configs: list[str], remote: str | None = None, pull: bool = True, cores: str = "1") -> int:
     """``dvc pull`` the configs' pipelines, check their outputs are there, then
     ``snakemake --touch`` each config so that every output is newer than its inputs."""
@@ -395,6 +431,11 @@ def sync(configs: list[str], remote: str | None = None, pull: bool = True, cores
         path, stages = found
         outs = [_out_path(o) for st in stages.values() for o in st.get("outs", [])]
         if pull:
+            problems = pull_problems(path, remote)
+            if problems:  # before dvc pull, which would report "Everything is up to date" and fail each path
+                print(f"error: cannot pull the pipeline of {cfg} ({path.as_posix()}): " + "; ".join(problems)
+                      + "; nothing pulled or touched", file=sys.stderr)
+                return 1
             unpushed = not all(pushed for _, pushed in outs)
             cmd = ["dvc", "pull", *(["-r", remote] if remote else []),
                    *(["--allow-missing"] if unpushed else []), path.as_posix()]

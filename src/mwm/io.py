@@ -120,12 +120,40 @@ def atomic_savez(path: str | Path, arrays: dict[str, np.ndarray]) -> None:
     atomic_write(path, w)
 
 
+class _KeepWriteError:
+    """The binary file ``torch.save`` writes to, keeping the OSError of a failed write:
+    PyTorch reports one only as "unexpected pos" (a full disk read as a RuntimeError)."""
+
+    def __init__(self, fh):
+        self.fh, self.error = fh, None
+
+    def write(self, data) -> int:
+        try:
+            return self.fh.write(data)
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+
 def atomic_torch_save(path: str | Path, obj: Any) -> None:
+    """``torch.save`` atomically; a failed write (ENOSPC, EIO, a quota) raises the OS's
+    own OSError naming ``path``, whatever PyTorch turned it into; ``path`` is untouched."""
     import torch
 
     def w(p: Path):
         with open(p, "wb") as fh:
-            torch.save(obj, fh)
+            sink = _KeepWriteError(fh)
+            try:
+                torch.save(obj, sink)
+                fh.flush()
+            except Exception as exc:
+                err = sink.error if sink.error is not None else exc
+                if isinstance(err, OSError):
+                    raise OSError(err.errno, err.strerror or str(err), str(path)) from exc
+                raise
 
     atomic_write(path, w)
 

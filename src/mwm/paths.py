@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 from pathlib import Path
 
 from .config import ConfigError
 
-__all__ = ["UnsafePathError", "NAME_PATTERN", "check_component", "inside"]
+__all__ = ["UnsafePathError", "NAME_PATTERN", "check_component", "inside", "check_out_root"]
 
 #: What a name from a config may look like (the schema uses the same pattern).
 NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
@@ -49,4 +50,29 @@ def inside(parent: str | Path, *parts: object, what: str = "path") -> Path:
     full = os.path.abspath(path)
     if os.path.commonpath([base, full]) != base or (full == base and parts):
         raise UnsafePathError(f"{what}: {path} is {full}, outside its parent folder {base}")
+    return path
+
+
+def check_out_root(path: str | Path, what: str = "--out") -> Path:
+    """An output root from the command line, checked before any job writes under it: not
+    the filesystem root (``--out /`` would make ``/runs`` and ``/checkpoints``), a folder
+    or a path that can become one, and writable (a file is made and removed in it, or in
+    its nearest existing parent: ``/proc`` refuses, whoever runs). Nothing is created."""
+    path = Path(path)
+    full = Path(os.path.abspath(path))
+    if full.parent == full:
+        raise UnsafePathError(f"{what} {path}: the filesystem root is not an output folder (results would land "
+                              f"in {full / 'runs'}, {full / 'checkpoints'}, ...); give a folder of its own")
+    probe = full
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise UnsafePathError(f"{what} {path}: {probe} is not a folder" + ("" if probe == full else ", so no folder can be made under it"))
+    try:
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as exc:
+        where = "" if probe == full else f" (its nearest existing parent {probe} is not)"
+        raise UnsafePathError(f"{what} {path} is not a writable folder{where}: making a file there fails "
+                              f"({exc.strerror or exc})") from None
     return path

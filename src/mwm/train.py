@@ -48,14 +48,14 @@ import torch
 from . import __version__
 from .assignments import build_optimizers
 from .checks import check_config
-from .config import ConfigError, config_hash, load_config, resolve_device
+from .config import ConfigError, config_hash, load_config, resolve_device, seed_bound
 from .diagnostics import ATTENTION_COLUMNS, SPECTRAL_COLUMNS, attention_stats, spectral_stats
 from .io import atomic_savez, atomic_torch_save, atomic_write_json
 from .launch import launch, ranks_per_run, worker_exit, worker_started
 from .model import GPT, SIZES, GPTConfig
 from .names import parse_variant, uses_dgram, variant_name
 from .owner import claim
-from .paths import inside
+from .paths import check_out_root, inside
 from .runs import (HAND_FOLDER, RESULTS_ROOT, RunFolder, assignment_spec, check_grid, config_run_identity, identity_diff,
                    run_config, run_identity)
 from .schedule import learning_rates
@@ -654,6 +654,16 @@ def train(cfg: dict, assignment: str, seed: int, retraction: str | None = None,
             run.write_summary(status="failed", error=str(exc))
             print(f"error: {exc}", file=sys.stderr)
             return 2
+        except OSError as exc:  # a full disk, a quota, EIO: the OS's own words, one line (no traceback)
+            error = f"{type(exc).__name__}: {exc}"
+            if exc.filename is not None and Path(exc.filename) == run.ckpt_path:
+                error += " (the checkpoint write failed: the previous checkpoint is kept and the run resumes from it)"
+            try:
+                run.write_summary(status="failed", error=error)
+            except OSError as again:
+                error += f"; summary.json not written either ({again.strerror})"
+            print(f"error: {error}", file=sys.stderr)
+            return 1
         except Exception as exc:
             run.write_summary(status="failed", error=f"{type(exc).__name__}: {exc}")
             raise
@@ -665,7 +675,7 @@ def train(cfg: dict, assignment: str, seed: int, retraction: str | None = None,
             torch.distributed.destroy_process_group()
 
 
-def _int_at_least(low: int):
+def _int_at_least(low: int, high: int | None = None):
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -673,6 +683,8 @@ def _int_at_least(low: int):
             raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
         if value < low:
             raise argparse.ArgumentTypeError(f"{value} is below {low}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"{value} is above {high}, the largest the schema allows")
         return value
 
     return parse
@@ -685,7 +697,8 @@ def main(argv=None) -> int:
     ap.add_argument("--assignment", required=True,
                     help="assignment name (none, stiefel, dgram, hetero, hetero-inv, oblique, adamw) or a "
                          "variant with -colnorm suffix")
-    ap.add_argument("--seed", type=_int_at_least(0), required=True)
+    ap.add_argument("--seed", type=_int_at_least(0, seed_bound()), required=True,
+                    help=f"run seed, 0 to {seed_bound()} (grid.seeds' bound)")
     ap.add_argument("--retraction", choices=["paper", "colnorm"], default=None,
                     help="DGram retraction (default: train.dgram_retraction of the config)")
     ap.add_argument("--out", default=None,
@@ -699,6 +712,8 @@ def main(argv=None) -> int:
     ap.add_argument("overrides", nargs="*", help="config overrides, dotted.key=value")
     args = ap.parse_args(argv)
     try:
+        if args.out is not None:
+            check_out_root(args.out)
         cfg = load_config(args.config, args.overrides)
         check_grid(cfg["grid"])
         assignment, suffix_retraction = parse_variant(args.assignment)

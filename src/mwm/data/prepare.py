@@ -6,6 +6,12 @@ into place (``os.replace``) only once every check has passed, bins first and
 any work the output folder is checked: one that holds bins made with another
 tokenizer or vocabulary (or bins without a ``meta.json``) is refused unless
 ``force`` is given.
+
+The temporary folder is named ``.prepare-<host>-<pid>-<start>-<random>`` (``start``:
+the process's start time, so a reused pid is told apart). A killed ``prepare``
+leaves its folder behind (for OpenWebText ~40 GB of text store); the next
+``prepare`` into the same output folder removes those of dead processes on this
+host, and names (but keeps) any of another host or an unknown layout.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import json
 import math
 import os
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -33,7 +40,10 @@ from .reader import FORMAT, FORMAT_VERSION, SPLITS, meta_digest, sha256_file
 from .spec import content, dataset_dir, normalize
 from .tokenizer import tokenizer_info
 
-__all__ = ["prepare", "check_out_dir"]
+__all__ = ["prepare", "check_out_dir", "remove_stale_work"]
+
+#: prefix of prepare's temporary folder inside the output folder
+WORK_PREFIX = ".prepare-"
 
 
 def _stderr(msg: str) -> None:
@@ -46,6 +56,52 @@ def _usable_cpus() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+def _work_prefix() -> str:
+    from ..lock import _proc_start
+
+    pid = os.getpid()
+    return f"{WORK_PREFIX}{socket.gethostname()}-{pid}-{_proc_start(pid) or 0}-"
+
+
+def _du(path: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def remove_stale_work(out: Path, log: Callable[[str], None]) -> list[Path]:
+    """Remove the temporary folders in ``out`` of ``prepare`` processes of this host that
+    are gone (killed: nothing removed them); returns them. Folders of live processes,
+    of other hosts and of an unknown name layout are kept (the last two named)."""
+    from ..lock import _alive, _proc_start
+
+    host, removed = socket.gethostname(), []
+    for d in sorted(out.glob(f"{WORK_PREFIX}*")):
+        if not d.is_dir() or d.is_symlink():
+            continue
+        try:
+            who, pid, start, _ = d.name[len(WORK_PREFIX):].rsplit("-", 3)
+            pid = int(pid)
+        except ValueError:
+            log(f"note: {d} looks like a work folder of an older prepare; remove it by hand if no prepare runs")
+            continue
+        if who != host:
+            log(f"note: {d} is a work folder of a prepare on host {who}; kept (remove it by hand if that one is gone)")
+            continue
+        if _alive(pid) and str(_proc_start(pid) or 0) == start:
+            continue  # a prepare running now
+        size = _du(d)
+        shutil.rmtree(d, ignore_errors=True)
+        log(f"removed {d}, the work folder of a prepare (pid {pid}) that is gone ({size / 1e9:.2f} GB)")
+        removed.append(d)
+    return removed
 
 
 def _identity(meta: dict) -> dict:
@@ -183,7 +239,8 @@ def prepare(section: dict | None = None, out: str | Path | None = None, *, force
     t0 = time.perf_counter()
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".prepare-", dir=out))
+    remove_stale_work(out, log)
+    tmp = Path(tempfile.mkdtemp(prefix=_work_prefix(), dir=out))
     ok = False
     try:
         src.materialize(tmp, nproc, log)

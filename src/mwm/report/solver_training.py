@@ -73,6 +73,8 @@ def _study_pick(studies: dict) -> str:
     for manifold, d in sorted(derived["by_manifold"].items()):
         f = d.get("fastest_matching")
         picks.append(f"{manifold}: {f['candidate'] if f else 'none matches'}")
+    for m in derived.get("not_captured") or []:
+        picks.append(f"{m['assignment']}: not captured ({m['reason']})")
     return "; ".join(picks)
 
 

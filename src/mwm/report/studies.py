@@ -219,12 +219,33 @@ _FAMILIES = {  # (solver, warm, with tolerance) -> label, marker
 }
 
 
+_SOLVER_TABLE_COLUMNS = ["manifold", "paper e_W", "paper msign", "cheapest matching", "its e_W", "msign ratio",
+                         "wall ratio", "<= 1/2 cost"]
+
+
+def _not_captured_rows(missing: list[dict]) -> list[dict]:
+    """Table rows of the capture trainings that captured nothing (named by assignment)."""
+    return [{"manifold": f"{m['assignment']} (assignment)", "cheapest matching": f"not captured: {m['reason']}",
+             "<= 1/2 cost": False} for m in missing]
+
+
 def fig_solvers(st: dict, out: Path) -> None:
     """e_W against cost (msign-equivalents) per solver family and manifold, on the
     in-training sequences, with the Pareto front and the paper's baseline."""
     df = st["solvers_summary.csv"]
     derived = st["solvers_derived.json"]
     mans = sorted(df.manifold.unique())
+    missing = derived.get("not_captured") or []  # capture trainings that diverged before their window
+    notes = [f"{m['assignment']}: not captured ({m['reason']})" for m in missing]
+    if not mans:  # nothing captured: the figure and the table say so and why
+        fig, ax = plt.subplots(figsize=(style.FULL, 1.2))
+        ax.axis("off")
+        ax.text(0.5, 0.5, "Inner-solver study: nothing captured\n" + "\n".join(notes or ["(no captured sequence)"]),
+                ha="center", va="center", fontsize=6, wrap=True)
+        style.save(fig, out, "fig_solvers_pareto")
+        write_table(pd.DataFrame(_not_captured_rows(missing), columns=_SOLVER_TABLE_COLUMNS), out, "table_solvers",
+                    "Inner solvers on in-training sequences: not captured (the capture trainings diverged)")
+        return
     fig, axes = plt.subplots(1, len(mans), figsize=(style.FULL, 2.6), squeeze=False)
     for ax, man in zip(axes[0], mans):
         d = df[df.manifold == man]
@@ -263,7 +284,8 @@ def fig_solvers(st: dict, out: Path) -> None:
                      "cheapest matching": best.get("candidate", "none"), "its e_W": best.get("e_W"),
                      "msign ratio": best.get("msign_ratio"), "wall ratio": best.get("wall_ratio"),
                      "<= 1/2 cost": best.get("half_cost_met", False)})
-    write_table(pd.DataFrame(rows), out, "table_solvers",
+    rows.extend(_not_captured_rows(missing))
+    write_table(pd.DataFrame(rows, columns=_SOLVER_TABLE_COLUMNS), out, "table_solvers",
                 "Inner solvers on in-training sequences: the cheapest one matching the paper's e_W")
 
 

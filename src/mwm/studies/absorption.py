@@ -28,7 +28,8 @@ that holds captured pairs is used. A run that has none (AdamW only, or unstable 
 the capture step) writes a file with ``captured = False`` and its ``reason``; such files
 are passed over and listed with their reasons in ``absorption_derived.json``
 (``pairs_not_captured``), and with no captured file at all the study runs on random
-pairs only.
+pairs only. A file that cannot be read (truncated, not an NPZ, a member that does not
+decompress) is passed over the same way, its reason naming the file and the error.
 
 Outputs under ``--out``: ``absorption.csv`` (``manifold, precision, n, seed, T, e_A,
 e_pre, e_W, e_W_step, violation``), ``absorption_summary.csv`` (seed means),
@@ -39,7 +40,10 @@ g_scaling, g_rms, w_residual, T, e_A, e_pre, e_W, e_W_step, violation``) and
 
 from __future__ import annotations
 
+import sys
 import time
+import zipfile
+import zlib
 from pathlib import Path
 from typing import Sequence
 
@@ -105,28 +109,50 @@ def _check_snapshots(sec: dict) -> list[int]:
 
 # -- training pairs --------------------------------------------------------------------
 
+#: what reading a damaged NPZ raises (numpy passes the zip module's and zlib's errors on)
+_DAMAGED = (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error)
+
+
+class DamagedFile(ValueError):
+    """A pairs file that cannot be read at all (truncated, not an NPZ): passed over."""
+
+
+def _missing(path: Path) -> FileNotFoundError:
+    hint = (" (dotted overrides go before --pairs, which takes every argument after it)"
+            if "=" in path.name else "")
+    return FileNotFoundError(f"pairs file {path} does not exist{hint}")
+
+
 def not_captured_reason(path: str | Path) -> str | None:
     """The reason a training run gave for holding no pairs (``captured = False`` in
-    its file), or None for a file of captured pairs."""
+    its file), or None for a file of captured pairs; :class:`DamagedFile` naming the
+    file for one that cannot be read (truncated, not an NPZ)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"pairs file {path} does not exist")
+        raise _missing(path)
     try:
         with np.load(path, allow_pickle=False) as npz:
             if "captured" not in npz.files or bool(npz["captured"]):
                 return None
             return str(npz["reason"]) if "reason" in npz.files else "not captured (no reason given)"
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"pairs file {path} is not a readable NPZ: {exc}") from exc
+    except _DAMAGED as exc:
+        raise DamagedFile(f"pairs file {path} is not a readable NPZ ({type(exc).__name__}: {exc})") from exc
 
 
 def choose_pairs(paths: Sequence[str | Path]) -> tuple[str | None, list[dict] | None, list[dict]]:
-    """(the first file of captured pairs, its pairs, the files passed over with their reasons)."""
+    """(the first file of captured pairs, its pairs, the files passed over with their
+    reasons): a file without captured pairs, or one that cannot be read at all, is
+    passed over for the next in the list (its reason says which); a readable file of
+    malformed pairs (a key missing, NaN) is an error."""
     passed = []
     for path in paths:
-        reason = not_captured_reason(path)
-        if reason is None:
-            return str(path), load_pairs(path), passed
+        try:
+            reason = not_captured_reason(path)
+            if reason is None:
+                return str(path), load_pairs(path), passed
+        except DamagedFile as exc:  # unreadable: named, and the next file is tried (bad content fails)
+            passed.append({"file": str(path), "reason": str(exc), "damaged": True})
+            continue
         passed.append({"file": str(path), "reason": reason})
     return None, None, passed
 
@@ -135,37 +161,46 @@ def load_pairs(path: str | Path) -> list[dict]:
     """Read an NPZ of training pairs; errors name the file and the key."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"pairs file {path} does not exist")
+        raise _missing(path)
     try:
         npz = np.load(path, allow_pickle=False)
     except Exception as exc:  # noqa: BLE001 - any unreadable file
-        raise ValueError(f"pairs file {path} is not a readable NPZ: {exc}") from exc
-    with npz:
-        for key in ("names", "manifolds"):
+        raise DamagedFile(f"pairs file {path} is not a readable NPZ ({type(exc).__name__}: {exc})") from exc
+    try:
+        with npz:
+            return _read_pairs(path, npz)
+    except ValueError:
+        raise
+    except _DAMAGED as exc:  # a member that does not decompress: a damaged file
+        raise DamagedFile(f"pairs file {path} is damaged ({type(exc).__name__}: {exc})") from exc
+
+
+def _read_pairs(path: Path, npz) -> list[dict]:
+    for key in ("names", "manifolds"):
+        if key not in npz.files:
+            raise ValueError(f"pairs file {path} has no key {key!r} (keys: {', '.join(npz.files)})")
+    names = [str(x) for x in np.atleast_1d(npz["names"])]
+    mans = [str(x) for x in np.atleast_1d(npz["manifolds"])]
+    if len(names) != len(mans):
+        raise ValueError(f"pairs file {path}: 'names' has {len(names)} entries, 'manifolds' {len(mans)}")
+    pairs = []
+    for i, (name, man) in enumerate(zip(names, mans)):
+        arrs = {}
+        for k in ("W", "G"):
+            key = f"{k}_{i}"
             if key not in npz.files:
-                raise ValueError(f"pairs file {path} has no key {key!r} (keys: {', '.join(npz.files)})")
-        names = [str(x) for x in np.atleast_1d(npz["names"])]
-        mans = [str(x) for x in np.atleast_1d(npz["manifolds"])]
-        if len(names) != len(mans):
-            raise ValueError(f"pairs file {path}: 'names' has {len(names)} entries, 'manifolds' {len(mans)}")
-        pairs = []
-        for i, (name, man) in enumerate(zip(names, mans)):
-            arrs = {}
-            for k in ("W", "G"):
-                key = f"{k}_{i}"
-                if key not in npz.files:
-                    raise ValueError(f"pairs file {path} has no key {key!r} for pair {i} ({name})")
-                a = npz[key]
-                if a.ndim != 2 or not np.issubdtype(a.dtype, np.floating):
-                    raise ValueError(f"pairs file {path}: {key} must be a 2-D float array, got "
-                                     f"{a.dtype} of shape {a.shape}")
-                if not np.isfinite(a).all():
-                    raise ValueError(f"pairs file {path}: {key} ({name}) has NaN or Inf entries")
-                arrs[k] = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
-            if arrs["W"].shape != arrs["G"].shape:
-                raise ValueError(f"pairs file {path}: W_{i} {tuple(arrs['W'].shape)} and G_{i} "
-                                 f"{tuple(arrs['G'].shape)} differ in shape ({name})")
-            pairs.append({"index": i, "name": name, "manifold": man, "W": arrs["W"], "G": arrs["G"]})
+                raise ValueError(f"pairs file {path} has no key {key!r} for pair {i} ({name})")
+            a = npz[key]
+            if a.ndim != 2 or not np.issubdtype(a.dtype, np.floating):
+                raise ValueError(f"pairs file {path}: {key} must be a 2-D float array, got "
+                                 f"{a.dtype} of shape {a.shape}")
+            if not np.isfinite(a).all():
+                raise ValueError(f"pairs file {path}: {key} ({name}) has NaN or Inf entries")
+            arrs[k] = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
+        if arrs["W"].shape != arrs["G"].shape:
+            raise ValueError(f"pairs file {path}: W_{i} {tuple(arrs['W'].shape)} and G_{i} "
+                             f"{tuple(arrs['G'].shape)} differ in shape ({name})")
+        pairs.append({"index": i, "name": name, "manifold": man, "W": arrs["W"], "G": arrs["G"]})
     return pairs
 
 
@@ -233,6 +268,8 @@ def run_absorption(cfg: dict, out: str | Path, config_path: str | None = None,
     pairs_path, loaded, passed = choose_pairs(candidates or [])  # fail early on a bad file
     for p in passed:
         log(f"absorption: passing over {p['file']}: {p['reason']}")
+        if p.get("damaged"):
+            print(f"warning: {p['reason']}; passed over for the next file", file=sys.stderr)
     t0 = time.perf_counter()
     seeds = int(sec["seeds"])
     precisions = list(studies["precisions"])

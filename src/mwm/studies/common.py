@@ -22,6 +22,7 @@ from ..io import atomic_write_text  # the package's one atomic writer (umask-hon
 from ..manifolds import Manifold, get_manifold
 from ..msign import msign
 from ..names import STUDY_MANIFOLDS
+from ..paths import check_out_root
 
 __all__ = [
     "variant_manifold",
@@ -197,6 +198,7 @@ def main_for(prog: str, description: str, run: Callable[..., dict],
     """Shared ``main``: parse, load and validate the config, run, print a one-line summary."""
     args = build_parser(prog, description, extra).parse_args(argv)
     try:
+        check_out_root(args.out)
         cfg = load_config(args.config, args.overrides)
     except ConfigError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)

@@ -36,12 +36,18 @@ per candidate, manifold and captured step, means over the step's matrices),
 ``solvers_derived.json`` (the baseline's e_W and cost per manifold, the cheapest
 candidate whose mean and worst-step e_W are no worse than the baseline's, and whether
 it costs at most half). The training runs stay under ``--out/_train`` (``--sequence
-RUN_DIR ...`` uses existing runs' ``sequence/`` folders instead).
+RUN_DIR ...`` uses existing runs' ``sequence/`` folders instead). A capture training
+that diverges before the end of its window (marked ``unstable`` by :mod:`mwm.train`)
+captures nothing usable: its assignment is listed under ``not_captured`` in the
+derived JSON with the reason (``unstable at step N``), the other assignments are
+measured as usual, and with none captured the CSVs hold their headers only, like the
+absorption study without captured pairs.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import time
 from pathlib import Path
 
@@ -110,14 +116,15 @@ def parse_candidate(name: str) -> dict:
     return c
 
 
-def capture_sequences(cfg: dict, sec: dict, out: Path, log=print) -> list[Path]:
-    """Run the short trainings that capture the sequences; returns their run folders."""
+def capture_sequences(cfg: dict, sec: dict, out: Path, log=print) -> tuple[list[Path], list[dict]]:
+    """Run the short trainings that capture the sequences: (the run folders that hold
+    every captured step, ``[{assignment, run, reason}]`` of those that do not)."""
     import signal
 
     from ..runs import run_dir
     from ..train import train
 
-    dirs = []
+    dirs, missing = [], []
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1)}
     for assignment in sec["assignments"]:
         c = copy.deepcopy(cfg)
@@ -135,9 +142,34 @@ def capture_sequences(cfg: dict, sec: dict, out: Path, log=print) -> list[Path]:
         d = run_dir(out, c["name"], assignment, sec["seed"])
         if rc != 0:
             raise ValueError(f"the capture training of {assignment} exited with {rc} (see its log above and {d})")
+        reason = capture_missing(d, sec)
+        if reason is not None:  # a diverged capture training: the study says so and goes on
+            log(f"solvers: {assignment} not captured: {reason}")
+            missing.append({"assignment": assignment, "run": str(d), "reason": reason})
+            continue
         log(f"solvers: captured {sec['capture_length']} steps of {assignment} under {d}")
         dirs.append(d)
-    return dirs
+    return dirs, missing
+
+
+def capture_missing(run: Path, sec: dict) -> str | None:
+    """Why the capture training in ``run`` holds fewer than ``capture_length`` captured
+    steps from ``capture_start`` (None: it holds them all): it went unstable and stopped
+    first. A run that did not and still lacks steps is an error (ValueError)."""
+    want = range(sec["capture_start"], sec["capture_start"] + sec["capture_length"])
+    have = [s for s in want if (run / "sequence" / f"step_{s:06d}.npz").is_file()]
+    if len(have) == len(want):
+        return None
+    try:
+        summary = json.loads((run / "summary.json").read_text())
+    except (OSError, ValueError):
+        summary = {}
+    where = f"captured {len(have)} of steps {want.start}-{want.stop - 1}"
+    if summary.get("status") == "unstable":
+        return (f"unstable at step {summary.get('onset_step')} (the capture training stopped at step "
+                f"{summary.get('steps_done')}; {where})")
+    raise ValueError(f"the capture training in {run} ended with status {summary.get('status', 'unknown')} but "
+                     f"{where} (see {run / 'summary.json'})")
 
 
 def load_sequence(run: Path) -> list[dict]:
@@ -330,7 +362,10 @@ def run_solvers(cfg: dict, out: str | Path, config_path: str | None = None, sequ
         if not (Path(s) / "sequence").is_dir():
             raise FileNotFoundError(f"--sequence {s}: no run folder with a sequence/ folder there (dotted "
                                     "overrides go before --sequence, which takes every argument after it)")
-    runs = [Path(s) for s in sequence] if sequence else capture_sequences(cfg, sec, out / "_train", log)
+    if sequence:
+        runs, not_captured = [Path(s) for s in sequence], []
+    else:
+        runs, not_captured = capture_sequences(cfg, sec, out / "_train", log)
     retraction = cfg["train"]["dgram_retraction"]
     rows, viol = [], []
     for run in runs:
@@ -342,6 +377,9 @@ def run_solvers(cfg: dict, out: str | Path, config_path: str | None = None, sequ
     derived["reference_violation"] = reference_violation_summary(viol, sec)
     write_csv(out / "solvers_summary.csv", SUMMARY_COLUMNS, summary)
     derived["runs"] = [str(r) for r in runs]
+    # an assignment whose capture training diverged before its window: "not captured" and
+    # why (the files above hold the others' rows, or just their headers)
+    derived["not_captured"] = not_captured
     derived["captured_steps"] = {str(r): min(len(load_sequence(r)), sec["capture_length"]) for r in runs}
     derived["meta"] = run_meta(sec, device, time.perf_counter() - t0, config_path)
     write_json(out / "solvers_derived.json", derived)

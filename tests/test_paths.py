@@ -1,0 +1,47 @@
+"""mwm.paths: output roots given on the command line."""
+
+import os
+import stat
+
+import pytest
+
+import mwm.paths as paths
+from mwm.paths import UnsafePathError
+
+
+def test_the_filesystem_root_is_no_output_root():
+    with pytest.raises(UnsafePathError, match="the filesystem root is not an output folder"):
+        paths.check_out_root("/")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux /proc")
+@pytest.mark.parametrize("path", ["/proc", "/proc/results"])
+def test_a_folder_no_file_can_be_made_in_is_refused_whoever_runs(path):
+    with pytest.raises(UnsafePathError, match=rf"--out {path} is not a writable folder"):
+        paths.check_out_root(path)
+
+
+def test_a_file_is_no_output_root_nor_a_parent_of_one(tmp_path):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(UnsafePathError, match="is not a folder"):
+        paths.check_out_root(tmp_path / "f")
+    with pytest.raises(UnsafePathError, match="so no folder can be made under it"):
+        paths.check_out_root(tmp_path / "f" / "results", what="--results")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder")
+def test_a_read_only_folder_is_refused(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    try:
+        with pytest.raises(UnsafePathError, match="not a writable folder"):
+            paths.check_out_root(ro / "results")
+    finally:
+        ro.chmod(stat.S_IRWXU)
+
+
+def test_a_new_or_existing_folder_is_accepted_and_nothing_is_created(tmp_path):
+    assert paths.check_out_root(tmp_path) == tmp_path
+    assert paths.check_out_root(tmp_path / "a" / "b") == tmp_path / "a" / "b"
+    assert list(tmp_path.iterdir()) == []
