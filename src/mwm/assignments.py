@@ -27,6 +27,7 @@ from .optim import MUON_MANIFOLDS, ManifoldMuon
 
 __all__ = [
     "module_kind",
+    "nonfinite",
     "resolve_assignment",
     "Optimizers",
     "build_optimizers",
@@ -82,6 +83,17 @@ def resolve_assignment(
     return {n: hidden.get(n, ADAMW) for n, p in items}
 
 
+def nonfinite(named: list[tuple[str, torch.Tensor]]) -> list[str]:
+    """The names of the tensors whose squared Frobenius norm is not finite (NaN, Inf, or
+    values so large it overflows), from one stacked read (one host-device sync)."""
+    if not named:
+        return []
+    ok = torch.isfinite(torch.stack([t.float().square().sum() for _, t in named]))
+    if bool(ok.all()):
+        return []
+    return [n for (n, _), good in zip(named, ok.tolist()) if not good]
+
+
 @dataclass
 class Optimizers:
     """The Muon optimizer (``None`` for all-AdamW) and the AdamW optimizer."""
@@ -122,15 +134,9 @@ class Optimizers:
     def _check(self, opt: torch.optim.Optimizer, what: str, msg: str) -> None:
         mine = {id(p) for g in opt.param_groups for p in g["params"]}
         items = [(n, p.grad if what == "grad" else p) for n, p in self._named if id(p) in mine]
-        items = [(n, t) for n, t in items if t is not None]
-        if not items:
-            return
-        sums = torch.stack([t.float().square().sum() for _, t in items])
-        ok = torch.isfinite(sums)
-        if bool(ok.all()):
-            return
-        bad = [n for (n, _), good in zip(items, ok.tolist()) if not good]
-        raise FloatingPointError(f"AdamW {what} of [{', '.join(bad)}]: {msg}")
+        bad = nonfinite([(n, t) for n, t in items if t is not None])
+        if bad:
+            raise FloatingPointError(f"AdamW {what} of [{', '.join(bad)}]: {msg}")
 
     def follow(self, model: torch.nn.Module) -> None:
         """Hold ``model``'s parameters as they are now: after ``model.to(device)``, which

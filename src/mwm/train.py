@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from . import __version__
-from .assignments import build_optimizers
+from .assignments import build_optimizers, nonfinite
 from .checks import check_config
 from .config import ConfigError, config_hash, load_config, resolve_device, seed_bound
 from .diagnostics import ATTENTION_COLUMNS, SPECTRAL_COLUMNS, attention_stats, spectral_stats
@@ -437,9 +437,7 @@ class Run:
     def evaluate(self) -> dict[str, float]:
         # the optimizers refuse to write diverged weights; this makes sure no
         # diagnostic (svdvals, eigh) ever sees one, whatever path the weights took
-        named = list(self.model.named_parameters())
-        ok = torch.stack([torch.isfinite(p.float().square().sum()) for _, p in named]).cpu().tolist()
-        bad = [n for (n, _), good in zip(named, ok) if not good]
+        bad = nonfinite(list(self.model.named_parameters()))
         if bad:
             raise FloatingPointError(f"weights {bad[:4]} hold NaN, Inf or overflowing values at step {self.step}")
         losses = self.batches.losses(self.model, self.autocast)
