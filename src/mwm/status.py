@@ -129,8 +129,10 @@ def run_status(folder: Path, ckpt_folder: Path, max_iters: int, now: float | Non
         status = str(summary.get("status", "failed"))
         if expected is not None and not identity_checkable(summary):
             fields["note"] = "its summary records no identity or config_hash: it cannot be checked against the config"
-        elif expected is not None and identity_problem(summary, expected):
-            return "mismatch", {**fields, "note": f"{identity_problem(summary, expected)} (its summary: {status})"}
+        elif expected is not None:
+            problem = identity_problem(summary, expected)
+            if problem:
+                return "mismatch", {**fields, "note": f"{problem} (its summary: {status})"}
         return status, fields
     if (folder / "metrics.csv").exists():
         return "running", fields
