@@ -106,6 +106,12 @@ if _FOREIGN:
           "retrain it with --forcerun <summary.json>:\n  " + "\n  ".join(_FOREIGN), file=sys.stderr)
 LOGS = f"logs/{NAME}"
 
+
+def bench(stage, wildcards=""):
+    """Snakemake's benchmark TSV of a job (wall time, CPU time, memory): one file per job under
+    logs/<config>/benchmarks/<stage>/ (mwm.status sums them per stage)."""
+    return f"{LOGS}/benchmarks/{stage}/{wildcards or stage}.tsv"
+
 # Site settings for SLURM come from the environment, never from this repository.
 SITE = {
     key: value

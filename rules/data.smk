@@ -9,6 +9,8 @@ rule prepare_data:
         data=CFG["data"],
     log:
         f"{LOGS}/prepare_data.log",
+    benchmark:
+        bench("data")
     threads: threads("data")
     resources:
         **res("data"),

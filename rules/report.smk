@@ -23,6 +23,8 @@ rule report:
         config=CONFIG_FILE,
     log:
         f"{LOGS}/report.log",
+    benchmark:
+        bench("report")
     threads: threads("report")
     resources:
         **res("report"),

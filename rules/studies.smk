@@ -20,6 +20,8 @@ rule study_alpha:
         studies=CFG["studies"]["alpha"],
     log:
         f"{LOGS}/studies/alpha.log",
+    benchmark:
+        bench("study_alpha")
     threads: threads("study")
     resources:
         **res("study"),
@@ -42,6 +44,8 @@ rule study_absorption:
             "--pairs " + " ".join(shlex.quote(str(f)) for f in input.pairs) if input.pairs else ""),
     log:
         f"{LOGS}/studies/absorption.log",
+    benchmark:
+        bench("study_absorption")
     threads: threads("study")
     resources:
         **res("study"),
@@ -66,6 +70,8 @@ rule study_audits:
         spectral=lambda wildcards, input: f"--spectral {shlex.quote(str(input.spectral))}" if input.spectral else "",
     log:
         f"{LOGS}/studies/audits.log",
+    benchmark:
+        bench("study_audits")
     threads: threads("study")
     resources:
         **res("study"),
@@ -91,6 +97,8 @@ rule study_solvers:
         model=CFG["model"],
     log:
         f"{LOGS}/studies/solvers.log",
+    benchmark:
+        bench("study_solvers")
     threads: threads("study")
     resources:
         **res("study"),

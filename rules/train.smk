@@ -15,6 +15,8 @@ rule train:
         model=CFG["model"],
     log:
         f"{LOGS}/train/{{variant}}/seed{{seed}}.log",
+    benchmark:
+        bench("train", "{variant}/seed{seed}")
     threads: threads("train")
     resources:
         **res("train"),

@@ -175,3 +175,66 @@ def test_step_counts_out_of_the_runs_own_max_iters_and_the_solver_study_is_liste
 def test_a_solver_study_config_lists_no_training_runs():
     cfg = load_config(str(REPO / "config" / "widths.yaml"))
     assert cfg["workflow"]["report"] == "solvers" and status.collect(cfg, Path("/nonexistent")) == []
+
+
+def _bench(logs: Path, stage: str, job: str, s: float, cpu: float) -> None:
+    path = logs / "benchmarks" / stage / f"{job}.tsv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    head = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time"
+    path.write_text(f"{head}\n{s}\t0:00:00\t100\t200\t90\t95\t0\t1\t99.0\t{cpu}\n")
+
+
+def test_stage_times_sum_the_benchmarks_of_finished_jobs(tmp_path):
+    logs = tmp_path / "logs" / "st"
+    _bench(logs, "train", "none/seed0", 100.0, 95.0)
+    _bench(logs, "train", "stiefel/seed0", 300.0, 290.0)
+    _bench(logs, "study_alpha", "study_alpha", 50.0, 45.0)
+    _bench(logs, "data", "data", 10.0, 20.0)
+    (logs / "benchmarks" / "report").mkdir(parents=True)
+    (logs / "benchmarks" / "report" / "report.tsv").write_text("s\tcpu_time\n")  # being written: skipped
+    bench = status.read_benchmarks(logs)
+    assert bench["train"]["stiefel/seed0"] == {"s": 300.0, "cpu_time": 290.0} and "report" not in bench
+    rows = status.stage_times(bench)
+    assert [r[0] for r in rows] == ["data", "study_alpha", "train", "total"]  # the DAG's order
+    train = rows[2]
+    assert train[1] == "2" and train[2] == "6m40s" and train[3] == "6m25s" and train[4] == "86%"  # 385 of 450
+    assert rows[-1][1:4] == ["4", "7m40s", "7m30s"]
+
+
+def test_dag_eta_adds_running_runs_and_jobs_to_come_at_their_stage_mean(cfg, tmp_path):
+    cfg, _ = cfg
+    res = tmp_path / "results"
+    runs = res / "runs" / "st"
+    for v in ("none", "stiefel", "dgram"):
+        _summary(runs / v / "seed0", status="completed", final_val_loss=4.0, mean_step_time=0.1)
+    _metrics(runs / "hetero" / "seed0", 10, 0.5)  # running: 20 steps left at 0.5 s
+    now = max(p.stat().st_mtime for p in res.rglob("*.csv")) + 1
+    got = status.collect(cfg, res, now)
+    prods = status.products(cfg, res, tmp_path / "pf", now)  # every study and the report pending
+    # no benchmark yet: 4 pending runs at the finished runs' 100 ms/step x 30 steps; studies unknown
+    eta, how = status.dag_eta(got, prods, {}, jobs=None)
+    assert eta == pytest.approx(20 * 0.5 + 4 * 30 * 0.1)
+    assert "study_alpha" in how and "not counted" in how
+    logs = tmp_path / "logs" / "st"
+    _bench(logs, "train", "none/seed0", 40.0, 39.0)
+    _bench(logs, "train", "stiefel/seed0", 60.0, 59.0)
+    for stage in ("study_alpha", "study_absorption", "study_audits", "study_solvers", "report"):
+        _bench(logs, stage, stage, 7.0, 7.0)
+    eta, how = status.dag_eta(got, prods, status.read_benchmarks(logs), jobs=2)
+    assert eta == pytest.approx((20 * 0.5 + 4 * 50.0 + 5 * 7.0) / 2) and "not counted" not in how
+    done = [status.RunStatus(r.variant, r.seed, "completed", 30, 30, 4.0, 100.0, None, 1.0) for r in got]
+    finished = [[p[0], "completed", p[2], p[3]] for p in prods]
+    assert status.dag_eta(done, finished, {}, None) == (0.0, "nothing left")
+
+
+def test_cli_prints_the_stage_split_and_the_eta(cfg, tmp_path, capsys):
+    cfg, path = cfg
+    logs = tmp_path / "logs"
+    _bench(logs / "st", "train", "none/seed0", 100.0, 95.0)
+    argv = ["--config", str(path), "--results", str(tmp_path / "r"), "--figures", str(tmp_path / "pf"),
+            "--logs", str(logs)]
+    assert status.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "finished jobs per stage" in out and re.search(r"^train\s+1\s+1m40s\s+1m35s\s+100%", out, re.M)
+    assert re.search(r"^ETA for the whole DAG: \d+m\d\ds \(", out, re.M)  # 8 runs at 100 s, 1 job at once
+    assert status.main(argv + ["--jobs", "0"]) == 2 and "--jobs must be at least 1" in capsys.readouterr().err

@@ -18,6 +18,13 @@ A run is
 
 A run's step count is out of the ``max_iters`` it ran with (its summary's), and a config whose
 report is the solver study alone (``workflow.report: solvers``) lists no training runs.
+
+Under the tables: the wall and CPU time of every finished job, summed per stage, from
+Snakemake's benchmark files (``logs/<config>/benchmarks/<stage>/*.tsv``, one per job), and
+one ETA line for the whole DAG: the running runs' own ETAs, plus each job still to come at
+its stage's benchmarked mean (training jobs without a benchmark yet: the finished or running
+runs' ms/step times max_iters), spread over ``--jobs`` jobs at once (default: the number of
+runs running now, at least one).
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from pathlib import Path
 from .config import ConfigError, load_config
 from .runs import checkpoint_dir, expected_identity, grid_variants, identity_checkable, identity_problem, run_dir
 
-__all__ = ["RunStatus", "run_status", "collect", "format_table", "main"]
+__all__ = ["RunStatus", "run_status", "collect", "format_table", "read_benchmarks", "stage_times", "dag_eta", "main"]
 
 #: Files whose presence marks a study as done (what each study writes last).
 STUDY_MARKERS = {"alpha": "alpha_derived.json", "absorption": "absorption_derived.json", "audits": "audits.json",
@@ -201,6 +208,96 @@ def products(cfg: dict, results: Path, figures: Path, now: float | None = None) 
     return rows
 
 
+#: The stages of the DAG, in its order (the folders of logs/<config>/benchmarks/, named by
+#: rules/common.smk's ``bench``); the studies are ``study_<name>`` of :data:`STUDY_MARKERS`.
+STAGES = ("data", *(f"study_{name}" for name in STUDY_MARKERS), "train", "report")
+
+
+def read_benchmarks(logs: Path) -> dict[str, dict[str, dict]]:
+    """``{stage: {job: {"s": wall seconds, "cpu_time": CPU seconds}}}`` from Snakemake's
+    benchmark TSVs under ``logs/benchmarks/`` (a job benchmarked over repeats: their mean; an
+    unreadable or partial file is skipped: the job is still being written or was cut)."""
+    out: dict[str, dict[str, dict]] = {}
+    root = logs / "benchmarks"
+    for path in sorted(root.glob("*/**/*.tsv")):
+        try:
+            rows = list(csv.DictReader(io.StringIO(path.read_text()), delimiter="\t"))
+        except (OSError, UnicodeDecodeError, csv.Error):
+            continue
+        vals = [(_float(r.get("s")), _float(r.get("cpu_time"))) for r in rows]
+        vals = [(w, c) for w, c in vals if w is not None]
+        if not vals:
+            continue
+        stage = path.relative_to(root).parts[0]
+        job = path.relative_to(root / stage).with_suffix("").as_posix()
+        cpus = [c for _, c in vals if c is not None]
+        out.setdefault(stage, {})[job] = {"s": sum(w for w, _ in vals) / len(vals),
+                                          "cpu_time": sum(cpus) / len(cpus) if cpus else None}
+    return out
+
+
+def stage_times(bench: dict[str, dict[str, dict]]) -> list[list[str]]:
+    """Rows (stage, jobs, wall, CPU, CPU share) of the finished jobs, in DAG order, and a total."""
+    order = [s for s in STAGES if s in bench] + sorted(set(bench) - set(STAGES))
+    cpu = {s: sum(j["cpu_time"] or 0.0 for j in bench[s].values()) for s in order}
+    total_cpu = sum(cpu.values())
+    rows = []
+    for s in order:
+        wall = sum(j["s"] for j in bench[s].values())
+        rows.append([s, str(len(bench[s])), _duration(wall), _duration(cpu[s]),
+                     f"{100 * cpu[s] / total_cpu:.0f}%" if total_cpu > 0 else "-"])
+    if rows:
+        rows.append(["total", str(sum(len(bench[s]) for s in order)),
+                     _duration(sum(j["s"] for s in order for j in bench[s].values())), _duration(total_cpu),
+                     "100%" if total_cpu > 0 else "-"])
+    return rows
+
+
+def dag_eta(runs: list[RunStatus], product_rows: list[list[str]], bench: dict[str, dict[str, dict]],
+            jobs: int | None = None) -> tuple[float | None, str]:
+    """(seconds until the DAG is done, or None if no estimate; how it was estimated).
+
+    The running runs' own ETAs plus, for each job not finished, its stage's benchmarked mean
+    wall time; training jobs with no benchmark yet use the runs' own ms/step (finished ones
+    first) times their max_iters. Spread over ``jobs`` at once (default: the runs running now,
+    at least one)."""
+    mean = {s: sum(j["s"] for j in b.values()) / len(b) for s, b in bench.items() if b}
+    running = [r for r in runs if r.status == "running"]
+    pending = [r for r in runs if r.status in ("pending", "mismatch")]
+    known_ms = [r.ms_per_step for r in runs if r.status in ("completed", "unstable") and r.ms_per_step] or \
+        [r.ms_per_step for r in running if r.ms_per_step]
+    left, unknown = 0.0, []
+    for r in running:
+        if r.eta_s is not None:
+            left += r.eta_s
+        else:
+            unknown.append(f"{r.variant} seed{r.seed}")
+    for r in pending:
+        if "train" in mean:
+            left += mean["train"]
+        elif known_ms:
+            left += r.max_iters * sum(known_ms) / len(known_ms) / 1000
+        else:
+            unknown.append(f"{r.variant} seed{r.seed}")
+    for what, state, *_ in product_rows:
+        stage = what.replace("study ", "study_") if what.startswith("study ") else what
+        if state == "completed" or stage not in ("report",) + tuple(f"study_{n}" for n in STUDY_MARKERS):
+            continue
+        if stage in mean:
+            left += mean[stage]
+        else:
+            unknown.append(stage)
+    if not running and not pending and not unknown and left == 0.0:
+        return 0.0, "nothing left"
+    at_once = jobs or max(1, len(running))
+    how = f"{len(running)} running, {len(pending)} training runs and the unfinished studies/report to come, " \
+          f"{at_once} job(s) at once"
+    if unknown:
+        how += f"; not counted (no benchmark or ms/step yet): {', '.join(unknown[:6])}" + \
+            (f" and {len(unknown) - 6} more" if len(unknown) > 6 else "")
+    return left / at_once, how
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m mwm.status",
                                 description="status of every training run, study and report of a config "
@@ -208,7 +305,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", default="config/config.yaml", help="config file (default: %(default)s)")
     p.add_argument("--results", default="results", help="results folder (default: %(default)s)")
     p.add_argument("--figures", default="paper_figures", help="report folder (default: %(default)s)")
+    p.add_argument("--logs", default="logs", help="logs folder, with benchmarks/ per config (default: %(default)s)")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="jobs the DAG runs at once, for the ETA (default: the runs running now, at least 1)")
     a = p.parse_args(argv)
+    if a.jobs is not None and a.jobs < 1:
+        print(f"error: --jobs must be at least 1, got {a.jobs}", file=sys.stderr)
+        return 2
     try:
         cfg = load_config(a.config)
     except ConfigError as exc:
@@ -224,7 +327,17 @@ def main(argv: list[str] | None = None) -> int:
         if r.note:
             print(f"  {r.variant} seed{r.seed}: {r.note}")
     print()
-    print(_table(["product", "status", "file", "updated"], products(cfg, Path(a.results), Path(a.figures), now)))
+    prods = products(cfg, Path(a.results), Path(a.figures), now)
+    print(_table(["product", "status", "file", "updated"], prods))
+    bench = read_benchmarks(Path(a.logs) / cfg["name"])
+    print()
+    if bench:
+        print("finished jobs per stage (Snakemake benchmarks, " + str(Path(a.logs) / cfg["name"] / "benchmarks") + "):")
+        print(_table(["stage", "jobs", "wall", "CPU", "CPU share"], stage_times(bench)))
+    else:
+        print(f"no Snakemake benchmarks yet under {Path(a.logs) / cfg['name'] / 'benchmarks'}")
+    eta, how = dag_eta(runs, prods, bench, a.jobs)
+    print(f"ETA for the whole DAG: {'unknown' if eta is None else _duration(eta)} ({how})")
     return 0
 
 
