@@ -13,8 +13,8 @@ from mwm.launch import ranks_per_run
 from mwm.names import UNCONSTRAINED, parse_variant
 from mwm.owner import check_owner, claim
 from mwm.paths import inside
-from mwm.runs import (RESULTS_ROOT, RUN_FILES, check_grid, expected_identity, grid_variants, identity_problem,
-                      run_config)
+from mwm.runs import (RESULTS_ROOT, RUN_FILES, capture_window, check_grid, expected_identity, grid_variants,
+                      identity_problem, run_config)
 
 # The file the entry points read: the last --configfile, else the default.
 CONFIG_FILE = str(
@@ -143,6 +143,8 @@ def threads(stage):
 def run_files(variant="{variant}", seed="{seed}"):
     files = {f.split(".")[0]: f"{RUNS}/{variant}/seed{seed}/{f}" for f in RUN_FILES}
     files["spectra"] = directory(f"{RUNS}/{variant}/seed{seed}/spectra")
+    # the solver study's captured steps (studies.solvers.source: grid); empty in other runs
+    files["sequence"] = directory(f"{RUNS}/{variant}/seed{seed}/sequence")
     if CFG["train"]["keep_final_checkpoint"]:
         files["final"] = f"{RUNS}/{variant}/seed{seed}/final.pt"
     if CFG["train"]["capture_pairs_step"] is not None:
@@ -157,7 +159,23 @@ def run_train(variant):
 
 
 def all_runs():
-    return [f"{RUNS}/{v}/seed{s}/{f}" for v in RUN_VARIANTS for s in SEEDS for f in (*RUN_FILES, "spectra")]
+    return [f"{RUNS}/{v}/seed{s}/{f}" for v in RUN_VARIANTS for s in SEEDS for f in (*RUN_FILES, "spectra", "sequence")]
+
+
+def run_capture(variant, seed):
+    """The steps the run captures for the solver study (None: none), so a change of the
+    study's window reruns exactly the runs that capture."""
+    return capture_window(CFG, variant, int(seed))
+
+
+def solver_sequences(wildcards):
+    """The grid runs the solver study reads (studies.solvers.source: grid), else none: it
+    trains its own captures."""
+    sec = CFG["studies"]["solvers"]
+    if sec["source"] != "grid":
+        return []
+    return [f"{RUNS}/{a}/seed{sec['seed']}/{f}" for a in sec["assignments"]
+            for f in ("sequence", "summary.json", "metrics.csv")]
 
 
 wildcard_constraints:

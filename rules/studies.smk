@@ -82,11 +82,13 @@ rule study_audits:
         "studies.threads={threads} > {log:q} 2>&1"
 
 
-# Inner solvers against the paper's dual ascent on (W, momentum) sequences that the
-# study captures itself with a short training of the config's model (train.capture_sequence).
+# Inner solvers against the paper's dual ascent on (W, momentum) sequences captured by the
+# grid's own runs (studies.solvers.source: grid), or by a short training of the config's model
+# that the study runs itself (source: own, train.capture_sequence).
 rule study_solvers:
     input:
         DATA_FILES,
+        sequences=solver_sequences,
     output:
         SOLVER_FILES,
     params:

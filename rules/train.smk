@@ -12,6 +12,7 @@ rule train:
     params:
         config=CONFIG_FILE,
         train=lambda wildcards: run_train(wildcards.variant),  # with its grid.train_overrides
+        capture=lambda wildcards: run_capture(wildcards.variant, wildcards.seed),
         model=CFG["model"],
     log:
         f"{LOGS}/train/{{variant}}/seed{{seed}}.log",

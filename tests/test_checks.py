@@ -101,3 +101,25 @@ def test_workflow_refuses_existing_data_too_short_for_block_size(tmp_path):
     rc, out = _dry(repo, "config/ci.yaml")
     assert rc != 0 and f"val split of {dataset_dir(cfg['data'])}/meta.json has {tokens}" in out, out[-2000:]
     assert "rule train" not in out
+
+
+def test_a_solver_study_reading_the_grid_needs_its_runs_and_window_in_the_grid(tmp_path):
+    """studies.solvers.source: grid: the captured assignments, seed and window are checked
+    against the grid before any job (each names the key and the value)."""
+    grid = {"assignments": ["none", "stiefel", "dgram"], "seeds": [0, 1]}
+
+    def cfg(**solvers):
+        c = _cfg(tmp_path, grid__assignments=grid["assignments"], grid__seeds=grid["seeds"])
+        c["studies"]["solvers"].update({"source": "grid", "capture_start": 2, "capture_length": 3, **solvers})
+        return c
+
+    check_config(cfg())  # stiefel, dgram at seed 0, steps 2-4 of 12
+    with pytest.raises(ConfigError, match=r"studies.solvers.assignments: \['hetero'\] not in grid.assignments"):
+        check_config(cfg(assignments=["stiefel", "hetero"]))
+    with pytest.raises(ConfigError, match=r"studies.solvers.seed: 5 not in grid.seeds \[0, 1\]"):
+        check_config(cfg(seed=5))
+    with pytest.raises(ConfigError, match=r"capture_start \+ capture_length = 13 is past train.max_iters 12"):
+        check_config(cfg(capture_start=10))
+    own = cfg(seed=5)
+    own["studies"]["solvers"]["source"] = "own"  # the study trains its own captures: nothing to check
+    check_config(own)

@@ -78,3 +78,17 @@ def test_workflow_names_a_finished_run_that_is_not_the_configs_at_load(tmp_path)
     assert ("results/runs/ci/none/seed0/summary.json: trained with settings that are not the config's: "
             f"train.learning_rate: run 0.02, config {cfg['train']['learning_rate']}") in out, out[-3000:]
     assert "--forcerun" in out
+
+
+def test_capture_window_names_the_grid_runs_the_solver_study_reads(tmp_path):
+    from mwm.runs import capture_window
+
+    cfg = load_config(fakedata.write_config(tmp_path / "tiny.yaml", grid__assignments=["none", "stiefel", "dgram"],
+                                            grid__seeds=[0, 1]))
+    sec = cfg["studies"]["solvers"]
+    assert sec["source"] == "own" and capture_window(cfg, "stiefel", 0) is None  # the study captures itself
+    sec.update(source="grid", capture_start=3, capture_length=2, seed=1)
+    assert capture_window(cfg, "stiefel", 1) == {"start": 3, "length": 2}
+    assert capture_window(cfg, "dgram", "1") == {"start": 3, "length": 2}  # a wildcard's string seed
+    assert capture_window(cfg, "stiefel", 0) is None and capture_window(cfg, "none", 1) is None
+    assert capture_window(cfg, "dgram-colnorm", 1) is None  # the ablation's variant is another run

@@ -307,6 +307,60 @@ def test_a_capture_training_that_diverges_is_not_captured_with_its_reason(tmp_pa
         "not captured: unstable at step ").all()
 
 
+def test_grid_runs_capture_the_window_and_the_study_reads_them_without_training(tmp_path, monkeypatch):
+    """studies.solvers.source: grid: the grid's stiefel and dgram runs at the study's seed save
+    the window while they train (other runs: an empty sequence/, the same identity); the study
+    then trains nothing and measures exactly those steps. A grid run that went unstable before
+    the window is "not captured" with its reason, as a capture training of its own would be."""
+    monkeypatch.setattr("mwm.train.resolve_data", lambda cfg: fakedata.FakeData())
+    monkeypatch.chdir(tmp_path)  # the study reads the grid's runs under results/
+    import json
+
+    from mwm.config import config_hash, load_config
+    from mwm.runs import config_run_identity, run_dir
+    from mwm.studies.solvers import run_solvers
+    from mwm.train import train
+
+    small = ["studies.solvers.source=grid", "studies.solvers.capture_start=2", "studies.solvers.capture_length=3",
+             "studies.solvers.reference_iterations=10", "studies.solvers.baseline_steps=5",
+             "studies.solvers.converged_iterations=5", "studies.solvers.dual_ascent_steps=[2]",
+             "studies.solvers.warm_steps=[]", "studies.solvers.tols=[]", "studies.solvers.admm_steps=[1]",
+             "studies.solvers.admm_rho=[1.0]", "studies.device=cpu", "grid.assignments=[none,stiefel,dgram]",
+             "grid.seeds=[0,1]"]
+    cfg = load_config(fakedata.write_config(tmp_path / "tiny.yaml", train__warmup_iters=1), small)
+    for a, seed in (("stiefel", 0), ("dgram", 0), ("stiefel", 1)):
+        assert train(cfg, a, seed, out_root="results") == 0
+    seq = lambda a, s: sorted(f.name for f in (run_dir("results", "tiny", a, s) / "sequence").iterdir())  # noqa: E731
+    assert seq("stiefel", 0) == seq("dgram", 0) == [f"step_{s:06d}.npz" for s in (2, 3, 4)]
+    assert seq("stiefel", 1) == []  # not the study's seed: the declared folder, empty
+    for a, s in (("stiefel", 0), ("stiefel", 1)):  # capturing is not part of what a run is
+        summary = json.loads((run_dir("results", "tiny", a, s) / "summary.json").read_text())
+        assert summary["config_hash"] == config_hash(config_run_identity(cfg, a, s))
+
+    derived = run_solvers(cfg, tmp_path / "study", log=lambda *a: None)
+    assert not (tmp_path / "study" / "_train").exists()  # nothing trained twice
+    assert derived["runs"] == [str(run_dir("results", "tiny", a, 0)) for a in ("stiefel", "dgram")]
+    assert set(derived["by_manifold"]) == {"stiefel", "dgram"} and derived["not_captured"] == []
+    assert set(derived["captured_steps"].values()) == {3}
+
+    # the dgram grid run went unstable before the window: listed with its reason, stiefel measured
+    dgram = run_dir("results", "tiny", "dgram", 0)
+    for f in (dgram / "sequence").iterdir():
+        f.unlink()
+    summary = json.loads((dgram / "summary.json").read_text())
+    (dgram / "summary.json").write_text(json.dumps({**summary, "status": "unstable", "onset_step": 1, "steps_done": 1}))
+    derived = run_solvers(cfg, tmp_path / "study2", log=lambda *a: None)
+    assert set(derived["by_manifold"]) == {"stiefel"}
+    (missing,) = derived["not_captured"]
+    assert missing["assignment"] == "dgram" and missing["reason"].startswith("unstable at step 1")
+    # a grid run not trained yet is an error naming it, not a silent empty study
+    import shutil
+
+    shutil.rmtree(run_dir("results", "tiny", "stiefel", 0))
+    with pytest.raises(FileNotFoundError, match=r"stiefel/seed0: no sequence/ folder"):
+        run_solvers(cfg, tmp_path / "study3", log=lambda *a: None)
+
+
 def test_capture_missing_reads_the_runs_summary(tmp_path):
     import json
 

@@ -180,37 +180,43 @@ def torch_load(path):
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
-def test_a_config_whose_every_run_diverges_still_completes_its_dag(tmp_path):
-    """Learning rates of 1e6 (AdamW and Muon): every run, and the solver study's own capture
-    trainings, go unstable at once. The DAG still ends green: every run `unstable`, the
-    absorption study without pairs, the solver study "not captured" with the reason, and
-    the report showing both (issue 24, item 6: study_solvers used to exit 2)."""
+@pytest.mark.parametrize("source", ["own", "grid"])
+def test_a_config_whose_every_run_diverges_still_completes_its_dag(tmp_path, source):
+    """Learning rates of 1e6 (AdamW and Muon): every run, and the solver study's captures (its
+    own capture trainings, or the grid's runs with source grid), go unstable at once. The DAG
+    still ends green: every run `unstable`, the absorption study without pairs, the solver
+    study "not captured" with the reason, and the report showing both (issue 24, item 6:
+    study_solvers used to exit 2)."""
     cfg = yaml.safe_load((ROOT / "config" / "ci.yaml").read_text())
     cfg["name"] = "alldiv"
     cfg["train"].update(learning_rate=1.0e6, muon_lr=1.0e6, keep_final_checkpoint=False)
-    cfg["grid"] = {"assignments": ["none", "adamw", "dgram"], "seeds": [0]}
+    cfg["grid"] = {"assignments": ["none", "adamw", "dgram"] + (["stiefel"] if source == "grid" else []),
+                   "seeds": [0]}
+    cfg["studies"]["solvers"]["source"] = source
     path = tmp_path / "alldiv.yaml"
     path.write_text(yaml.safe_dump(cfg))
     res = snakemake(tmp_path, path, "all")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
 
     runs = tmp_path / "results" / "runs" / "alldiv"
-    for v in ("none", "adamw", "dgram"):
+    for v in cfg["grid"]["assignments"]:
         assert json.loads((runs / v / "seed0" / "summary.json").read_text())["status"] == "unstable", v
     studies = tmp_path / "results" / "studies" / "alldiv"
     absorption = json.loads((studies / "absorption_derived.json").read_text())
-    assert absorption["pairs_file"] is None and [Path(p["file"]).parts[-3] for p in absorption["pairs_not_captured"]] == ["dgram"]
+    assert absorption["pairs_file"] is None and [Path(p["file"]).parts[-3] for p in absorption["pairs_not_captured"]] == (
+        ["stiefel", "dgram"] if source == "grid" else ["dgram"])
     solvers = json.loads((studies / "solvers_derived.json").read_text())
     assert solvers["by_manifold"] == {}
     assert [m["assignment"] for m in solvers["not_captured"]] == ["stiefel", "dgram"]
     assert all(m["reason"].startswith("unstable at step ") for m in solvers["not_captured"])
+    assert (studies / "_train").exists() == (source == "own")  # with source grid nothing trained twice
     assert (studies / "solvers.csv").read_text().startswith("candidate,")  # headers only
     figures = tmp_path / "paper_figures" / "alldiv"
     table = (figures / "table_solvers.md").read_text()
     assert table.count("not captured: unstable at step") == 2
     assert (figures / "fig_solvers_pareto.png").is_file()
     t4 = (figures / "table4_results.csv").read_text()
-    assert t4.count("Unstable") == 3, t4
+    assert t4.count("Unstable") == len(cfg["grid"]["assignments"]), t4
 
 
 def test_snakemake_refuses_an_alias_bomb_at_once(tmp_path):

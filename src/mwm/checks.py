@@ -2,8 +2,9 @@
 
 :func:`check_config` applies the model's shape rules and maps every ``grid.custom``
 pattern onto the model's hidden-matrix names (:mod:`mwm.layout`: torch-free, no data):
-``n_embd`` must divide by ``n_head``, and every pattern must match a hidden matrix.
-``rules/common.smk`` calls it when Snakemake loads the workflow, ``mwm.train`` before it
+``n_embd`` must divide by ``n_head``, and every pattern must match a hidden matrix; with
+``studies.solvers.source: grid`` the captured runs must be in the grid and their window
+inside their training. ``rules/common.smk`` calls it when Snakemake loads the workflow, ``mwm.train`` before it
 reads any data.
 
 :func:`check_splits` (in :mod:`mwm.data.splits`, so the data stage needs no training code)
@@ -47,3 +48,32 @@ def check_config(cfg: dict, source: str | None = None) -> None:
             match_patterns(hidden, spec)
         except ValueError as exc:
             raise ConfigError(f"{where}: grid.custom.{name}: {exc}") from exc
+    _check_grid_capture(cfg, where)
+
+
+def _check_grid_capture(cfg: dict, where: str) -> None:
+    """``studies.solvers.source: grid``: the captured runs are in the grid, and their window
+    lies inside each one's training (``max_iters`` with its grid.train_overrides)."""
+    from .runs import run_config
+
+    sec = cfg["studies"]["solvers"]
+    if sec["source"] != "grid":
+        return
+    grid = cfg["grid"]
+    missing = [a for a in sec["assignments"] if a not in grid["assignments"]]
+    if missing:
+        raise ConfigError(f"{where}: studies.solvers.assignments: {missing} not in grid.assignments "
+                          f"({', '.join(grid['assignments'])}); with studies.solvers.source: grid the grid's runs "
+                          "capture the sequences")
+    if sec["seed"] not in grid["seeds"]:
+        raise ConfigError(f"{where}: studies.solvers.seed: {sec['seed']} not in grid.seeds {grid['seeds']} "
+                          "(studies.solvers.source: grid)")
+    stop = sec["capture_start"] + sec["capture_length"]
+    for a in sec["assignments"]:
+        tc = run_config(cfg, a)["train"]
+        if tc["capture_sequence"] is not None:
+            raise ConfigError(f"{where}: train.capture_sequence: {tc['capture_sequence']} and studies.solvers.source: "
+                              "grid both capture sequences; keep one")
+        if stop > tc["max_iters"]:
+            raise ConfigError(f"{where}: studies.solvers.capture_start + capture_length = {stop} is past "
+                              f"train.max_iters {tc['max_iters']} of the grid's {a} runs (studies.solvers.source: grid)")

@@ -57,7 +57,12 @@ SCHEMA = PACKAGE / "schema"
 #: reads other sections only to describe the scale; their changes reach it through its inputs.
 #: The studies read ``train`` and ``model`` too: the solver study's capture trainings run them, the
 #: audits' growth bound follows the config's schedule.
-PARAMS = {"data": ("data",), "train": ("train", "model", "grid"), "studies": ("studies", "train", "model"),
+#: Training also reads the keys of the solver study that choose which grid runs capture which steps
+#: (``studies.solvers.source: grid``; DVC's dotted keys, so other study settings rerun no training).
+PARAMS = {"data": ("data",),
+          "train": ("train", "model", "grid", *(f"studies.solvers.{k}" for k in (
+              "source", "assignments", "seed", "capture_start", "capture_length"))),
+          "studies": ("studies", "train", "model"),
           "report": ()}
 #: Outputs that are checkpoints (large; kept out of ``dvc push`` by ``workflow.dvc_push_checkpoints``).
 CHECKPOINTS = ("*.pt",)
@@ -247,9 +252,10 @@ def build(configs: list[str], default: str = DEFAULT_CONFIG, jobs_of=snakemake_j
             for o in outs:
                 owner[o] = name
             outs_here += outs
-            sections = [s for s in PARAMS[kind] if s in cfg]
+            sections = [s for s in PARAMS[kind] if s.split(".")[0] in cfg]
             inputs = sorted({i for j in kjobs for i in j.inputs} - set(outs))
-            deps = inputs + code_deps(kind, kjobs) + [(SCHEMA / f"{s}.yaml").as_posix() for s in sections]
+            deps = inputs + code_deps(kind, kjobs) + [
+                (SCHEMA / f"{s}.yaml").as_posix() for s in dict.fromkeys(s.split(".")[0] for s in sections)]
             rules = sorted({j.rule for j in kjobs})
             targets = sorted({next(o for o in j.outputs if o in outs) for j in kjobs})
             stage: dict = {"cmd": f"snakemake --cores all --configfile {shlex.quote(cfg_path)} --allowed-rules {' '.join(rules)} -- "

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .names import COLNORM_SUFFIX, NAMED_ASSIGNMENTS, is_colnorm, uses_dgram, variant_name
 
-__all__ = ["RUN_FILES", "run_dir", "checkpoint_dir", "grid_variants", "assignment_spec", "check_grid",
+__all__ = ["RUN_FILES", "capture_window", "run_dir", "checkpoint_dir", "grid_variants", "assignment_spec", "check_grid",
            "run_config", "run_identity", "config_run_identity", "expected_identity", "identity_diff",
            "identity_problem", "identity_checkable", "RESULTS_ROOT", "HAND_FOLDER"]
 
@@ -92,6 +92,17 @@ def run_config(cfg: dict, assignment: str) -> dict:
         return validate(out, source=f"config {cfg['name']!r} with grid.train_overrides.{assignment}")
     except ConfigError as exc:
         raise ConfigError(str(exc).replace("  train.", f"  grid.train_overrides.{assignment} -> train.")) from exc
+
+
+def capture_window(cfg: dict, variant: str, seed: int) -> dict | None:
+    """The steps the grid's run of ``variant`` and ``seed`` captures for the solver study
+    (``studies.solvers.source: grid``): ``{"start", "length"}``, or None for a run that
+    captures nothing. Capturing copies what the optimizer consumed; it changes no number of
+    the run, so it is not part of the run's identity (the train rule's params carry it)."""
+    sec = cfg["studies"]["solvers"]
+    if sec["source"] != "grid" or int(seed) != sec["seed"] or variant not in sec["assignments"]:
+        return None
+    return {"start": sec["capture_start"], "length": sec["capture_length"]}
 
 
 def run_identity(run_cfg: dict, assignment: str, seed: int, retraction: str) -> dict:
@@ -246,15 +257,16 @@ class RunFolder:
 
     def invalidate_products(self, start: int, capture_pairs_step: int | None) -> None:
         """Before the logs are cut back to ``start``: remove the summary and the products a
-        finished run leaves (final.pt; pairs.npz and spectra not before ``start``), so an
+        finished run leaves (final.pt; pairs.npz, spectra and sequence steps not before ``start``), so an
         interrupted rerun never looks complete (the summary comes back at the end)."""
         (self.dir / "summary.json").unlink(missing_ok=True)
         (self.dir / "final.pt").unlink(missing_ok=True)
         if capture_pairs_step is None or capture_pairs_step >= start:
             (self.dir / "pairs.npz").unlink(missing_ok=True)
-        for f in (self.dir / "spectra").glob("step_*.npz"):
-            if int(f.stem.split("_")[1]) >= start:
-                f.unlink()
+        for sub in RUN_STEP_FOLDERS:
+            for f in (self.dir / sub).glob("step_*.npz"):
+                if int(f.stem.split("_")[1]) >= start:
+                    f.unlink()
 
     def discard_stale(self) -> None:
         """Start the run afresh: remove its logs, pairs and per-step arrays, the checkpoint

@@ -9,7 +9,8 @@ One run per call; its folder is ``results/runs/<config>/<variant>/seed<seed>/``
 ``eval.csv``      step, train_loss, val_loss (fixed batches, the same for every run of a config)
 ``spectral.csv``  per evaluation and hidden matrix (and W_Q, W_K, W_V): see :mod:`mwm.diagnostics`
 ``spectra/step_NNNNNN.npz``  full singular spectra and column norms per matrix
-``sequence/step_NNNNNN.npz``  with ``train.capture_sequence``: (W, momentum direction) of
+``sequence/step_NNNNNN.npz``  with ``train.capture_sequence`` or a grid run the solver study captures
+                              (``studies.solvers.source: grid``): (W, momentum direction) of
                   every Muon matrix at each step of the window, as ``pairs.npz``
 ``attention.csv`` per evaluation, layer and head, on a fixed probe batch
 ``summary.json``  status (completed / unstable / failed), final and best val loss,
@@ -56,8 +57,8 @@ from .model import GPT, SIZES, GPTConfig
 from .names import parse_variant, uses_dgram, variant_name
 from .owner import claim
 from .paths import check_out_root, inside
-from .runs import (HAND_FOLDER, RESULTS_ROOT, RunFolder, assignment_spec, check_grid, config_run_identity, identity_diff,
-                   run_config, run_identity)
+from .runs import (HAND_FOLDER, RESULTS_ROOT, RunFolder, assignment_spec, capture_window, check_grid,
+                   config_run_identity, identity_diff, run_config, run_identity)
 from .schedule import learning_rates
 
 __all__ = ["main", "train", "EXIT_PREEMPTED", "build_model_config", "resolve_data"]
@@ -221,10 +222,15 @@ class FixedBatches:
 class PairCapture:
     """The (W, update direction) pairs a run saves: ``pairs.npz`` at
     ``train.capture_pairs_step`` (the absorption study) and ``sequence/step_NNNNNN.npz``
-    at each step of ``train.capture_sequence`` (the solver study)."""
+    at each step of ``train.capture_sequence`` or of the solver study's window of a grid run
+    (``studies.solvers.source: grid``); ``sequence/`` exists in every finished run folder
+    (a declared output of the workflow), empty where nothing is captured."""
 
-    def __init__(self, tc: dict, run_dir: Path, log=print):
-        self.at, self.sequence, self.max_iters = tc["capture_pairs_step"], tc["capture_sequence"], tc["max_iters"]
+    def __init__(self, tc: dict, run_dir: Path, log=print, window: dict | None = None):
+        """``window``: the solver study's ``{start, length}`` for a grid run that captures
+        (:func:`mwm.runs.capture_window`), used when ``train.capture_sequence`` is unset."""
+        self.at, self.max_iters = tc["capture_pairs_step"], tc["max_iters"]
+        self.sequence = tc["capture_sequence"] or window
         self.dir, self.log = run_dir, log
         self.path = run_dir / "pairs.npz"
 
@@ -359,7 +365,7 @@ class Run:
         # a finished Run is freed at once, with its model and optimizer state)
         self._say = _printer(self.master, f"[{self.variant} seed{self.seed}]")
         self.divergence = DivergenceMonitor(tc["divergence"], self._say)
-        self.pairs = PairCapture(tc, self.dir, self._say)
+        self.pairs = PairCapture(tc, self.dir, self._say, capture_window(cfg, self.variant, seed))
         self.logs: dict = {}
         self.step = 0
         self.last_val = None
@@ -552,6 +558,7 @@ class Run:
         """The products of a run that ended (completed or unstable): pairs, final weights,
         summary; the checkpoint goes (nothing left to resume)."""
         if self.master:
+            (self.dir / "sequence").mkdir(parents=True, exist_ok=True)
             missing = self.pairs.missing(self.assignment, self.opts.muon is not None, self.step, self.divergence)
             if missing:
                 self.pairs.save_none(missing)

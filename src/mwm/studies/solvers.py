@@ -1,9 +1,11 @@
 """Inner solvers on in-training sequences: accuracy against cost.
 
-A short training of the config's model per assignment (``studies.solvers.assignments``,
-Stiefel and DGram by default) captures the (W, momentum direction) pair of every
-Muon matrix at ``capture_length`` consecutive steps from ``capture_start``
-(``train.capture_sequence``, written by :mod:`mwm.train` itself). On every captured
+The (W, momentum direction) pair of every Muon matrix at ``capture_length`` consecutive
+steps from ``capture_start`` is captured, per assignment (``studies.solvers.assignments``,
+Stiefel and DGram by default), by :mod:`mwm.train` itself: with ``source: grid`` the grid's
+own run of the assignment at ``studies.solvers.seed`` captures them while it trains (no
+training twice), with ``source: own`` a short capture training that the study runs
+(``train.capture_sequence``). On every captured
 step each candidate solver (:mod:`mwm.solvers`: the paper's dual ascent cold or
 warm-started, with or without a tolerance stop, and ADMM) solves the bank of each
 manifold and shape as the optimizer would; a warm-started candidate carries its
@@ -35,8 +37,8 @@ per candidate, manifold and captured step, means over the step's matrices),
 ``solvers_summary.csv`` (means over steps, with the cost ratios to the baseline) and
 ``solvers_derived.json`` (the baseline's e_W and cost per manifold, the cheapest
 candidate whose mean and worst-step e_W are no worse than the baseline's, and whether
-it costs at most half). The training runs stay under ``--out/_train`` (``--sequence
-RUN_DIR ...`` uses existing runs' ``sequence/`` folders instead). A capture training
+it costs at most half). The study's own capture trainings stay under ``--out/_train``
+(``--sequence RUN_DIR ...`` uses existing runs' ``sequence/`` folders instead). A capture training
 that diverges before the end of its window (marked ``unstable`` by :mod:`mwm.train`)
 captures nothing usable: its assignment is listed under ``not_captured`` in the
 derived JSON with the reason (``unstable at step N``), the other assignments are
@@ -56,12 +58,13 @@ import torch
 
 from ..config import ConfigError
 from ..io import read_csv_rows
+from ..runs import RESULTS_ROOT, run_dir
 from ..manifolds import get_manifold
 from ..solvers import msign_per_iteration, solve
 from .absorption import _rel, load_pairs
 from .common import main_for, resolve_device, run_meta, write_csv, write_json
 
-__all__ = ["candidates", "parse_candidate", "capture_sequences", "load_sequence", "measure_sequence", "run_solvers", "main"]
+__all__ = ["candidates", "parse_candidate", "capture_sequences", "read_captures", "load_sequence", "measure_sequence", "run_solvers", "main"]
 
 COLUMNS = ["candidate", "solver", "warm", "steps", "tol", "rho", "manifold", "step", "matrices", "e_W", "e_A",
            "e_W_max", "iterations", "msign_eq", "wall_s", "e_W_conv", "e_A_conv"]
@@ -149,6 +152,29 @@ def capture_sequences(cfg: dict, sec: dict, out: Path, log=print) -> tuple[list[
             continue
         log(f"solvers: captured {sec['capture_length']} steps of {assignment} under {d}")
         dirs.append(d)
+    return dirs, missing
+
+
+def read_captures(runs: list[Path], sec: dict, log=print) -> tuple[list[Path], list[dict]]:
+    """Run folders that captured sequences already (``--sequence``, or the grid's runs with
+    ``source: grid``), split as :func:`capture_sequences` does: those holding the window, and
+    ``[{assignment, run, reason}]`` of those that went unstable before its end. A run of the
+    grid that is not finished, or holds no ``sequence/``, is an error naming it."""
+    dirs, missing = [], []
+    for run in runs:
+        if not (run / "sequence").is_dir():
+            raise FileNotFoundError(f"{run}: no sequence/ folder (not trained yet, or not a run that captures: "
+                                    "see studies.solvers.source, assignments and seed)")
+        summary = run / "summary.json"
+        if not summary.is_file() and not any((run / "sequence").glob("step_*.npz")):
+            raise FileNotFoundError(f"{run}: no summary.json and no captured step (the run has not finished)")
+        reason = capture_missing(run, sec) if summary.is_file() else None
+        if reason is not None:
+            name = run.parent.name
+            log(f"solvers: {name} not captured: {reason}")
+            missing.append({"assignment": name, "run": str(run), "reason": reason})
+            continue
+        dirs.append(run)
     return dirs, missing
 
 
@@ -362,8 +388,11 @@ def run_solvers(cfg: dict, out: str | Path, config_path: str | None = None, sequ
         if not (Path(s) / "sequence").is_dir():
             raise FileNotFoundError(f"--sequence {s}: no run folder with a sequence/ folder there (dotted "
                                     "overrides go before --sequence, which takes every argument after it)")
-    if sequence:
-        runs, not_captured = [Path(s) for s in sequence], []
+    if sequence or sec["source"] == "grid":
+        # existing captures: the given run folders, else the grid's own runs that captured them
+        given = [Path(s) for s in sequence] if sequence else [
+            run_dir(RESULTS_ROOT, cfg["name"], a, sec["seed"]) for a in sec["assignments"]]
+        runs, not_captured = read_captures(given, sec, log)
     else:
         runs, not_captured = capture_sequences(cfg, sec, out / "_train", log)
     retraction = cfg["train"]["dgram_retraction"]
@@ -393,7 +422,8 @@ def main(argv=None) -> int:
         "reference, on (W, momentum) sequences captured in a short training, against their cost.",
         run_solvers,
         extra=lambda p: p.add_argument("--sequence", nargs="+", default=None,
-                                       help="run folders with sequence/ (default: capture by training)"),
+                                       help="run folders with sequence/ (default: the grid's runs with studies.solvers.source grid, "
+                                            "else capture by training)"),
         extra_kwargs=lambda a: {"sequence": a.sequence},
         argv=argv)
 
