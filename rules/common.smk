@@ -13,8 +13,8 @@ from mwm.launch import ranks_per_run
 from mwm.names import UNCONSTRAINED, parse_variant
 from mwm.owner import check_owner, claim
 from mwm.paths import inside
-from mwm.runs import (RESULTS_ROOT, RUN_FILES, capture_window, check_grid, expected_identity, grid_variants,
-                      identity_problem, run_config)
+from mwm.runs import RESULTS_ROOT, RUN_FILES, capture_window, check_grid, grid_variants, run_config
+from mwm.setaside import RETRAIN_FOLDER, SET_ASIDE_RULE, foreign_problem, foreign_root, next_marker, retrain_markers
 
 # The file the entry points read: the last --configfile, else the default.
 CONFIG_FILE = str(
@@ -83,27 +83,38 @@ onstart:
 
 
 def foreign_runs():
-    """``run folder: why`` for every finished run of the grid whose summary is not the config's own."""
-    out = []
+    """``{(variant, seed): why}`` for every finished run of the grid whose summary is not the config's own."""
+    out = {}
     for v in RUN_VARIANTS:
         for s in SEEDS:
-            path = f"{RUNS}/{v}/seed{s}/summary.json"
-            try:
-                summary = json.loads(open(path).read())
-            except (OSError, ValueError):
-                continue
-            problem = identity_problem(summary, expected_identity(CFG, v, s))
+            problem = foreign_problem(CFG, RESULTS_ROOT, v, s)
             if problem:
-                out.append(f"{path}: {problem}")
+                out[v, s] = problem
     return out
 
 
-_FOREIGN = foreign_runs() if CFG["workflow"]["report"] != "solvers" else []
+# A run written outside the workflow (e.g. by an older mwm.train with overrides and --out results)
+# looks finished to Snakemake; its train job gets one more input, a marker that rule
+# set_aside_foreign_run makes after moving the run aside (mwm.setaside), so the run is retrained.
+_FOREIGN = foreign_runs() if CFG["workflow"]["report"] != "solvers" else {}
 if _FOREIGN:
-    print(f"mwm: {len(_FOREIGN)} run(s) of {CONFIG_FILE} hold settings that are not the config's (the report "
-          "refuses them). Snakemake retrains a run whose train, model or data settings changed in the config; "
-          "one written outside the workflow (e.g. by an older mwm.train with overrides) it cannot tell: "
-          "retrain it with --forcerun <summary.json>:\n  " + "\n  ".join(_FOREIGN), file=sys.stderr)
+    print(f"mwm: {len(_FOREIGN)} finished run(s) of {CONFIG_FILE} hold settings that are not the config's (the "
+          "report refuses them; e.g. written by an older mwm.train with overrides): rule "
+          f"{SET_ASIDE_RULE} moves each to {foreign_root(RESULTS_ROOT, NAME)}/<variant>/seed<S>-<UTC time>/ "
+          "(nothing is deleted) and the workflow retrains it:\n  "
+          + "\n  ".join(f"{RUNS}/{v}/seed{s}/summary.json: {why}" for (v, s), why in _FOREIGN.items()),
+          file=sys.stderr)
+
+
+def train_input(wildcards):
+    """The data, and the run's markers (mwm.setaside): every one made before, so that the set of
+    inputs stays the same once the run is retrained, and the next one while the run is foreign."""
+    markers = retrain_markers(RESULTS_ROOT, NAME, wildcards.variant, wildcards.seed)
+    if (wildcards.variant, int(wildcards.seed)) in _FOREIGN:
+        markers.append(next_marker(RESULTS_ROOT, NAME, wildcards.variant, wildcards.seed))
+    return [*DATA_FILES, *(m.as_posix() for m in markers)]
+
+
 LOGS = f"logs/{NAME}"
 
 

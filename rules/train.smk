@@ -2,11 +2,13 @@
 # preemption exits with 75 after a checkpoint (kept outside the declared outputs,
 # under results/checkpoints/); the retry resumes from it. A config with more than one
 # rank per run: mwm.train starts the ranks itself (mwm.launch), one node (see res()).
+# A finished run that is not the config's own (written outside the workflow) is moved aside
+# first by set_aside_foreign_run, whose marker is then an input of its train job (train_input).
 
 
 rule train:
     input:
-        DATA_FILES,
+        train_input,
     output:
         **run_files(),
     params:
@@ -27,3 +29,22 @@ rule train:
     shell:
         "python -m mwm.train --config {params.config:q} --assignment {wildcards.variant} "
         "--seed {wildcards.seed} --threads {threads} --out results > {log:q} 2>&1"
+
+
+# Moves a run that is not the config's own to results/hand/foreign/<name>/ and writes the marker
+# its train job waits for (mwm.setaside); only in the DAG while such a run or a marker exists.
+rule set_aside_foreign_run:
+    output:
+        f"{RUNS}/{RETRAIN_FOLDER}/{{variant}}/seed{{seed}}/{{n}}.json",
+    wildcard_constraints:
+        n=r"[1-9][0-9]*",
+    params:
+        config=CONFIG_FILE,
+    log:
+        f"{LOGS}/set_aside/{{variant}}/seed{{seed}}-{{n}}.log",
+    localrule: True
+    conda:
+        "../envs/mwm.yaml"
+    shell:
+        "python -m mwm.setaside --config {params.config:q} --variant {wildcards.variant} "
+        "--seed {wildcards.seed} --marker {output:q} > {log:q} 2>&1"

@@ -536,3 +536,25 @@ def test_sync_says_first_that_the_remote_folder_or_the_lock_file_is_missing(tmp_
     assert dvcgen.sync(["config/x.yaml"]) == 1  # pulled, then the missing output is named
     assert ran and ran[0][:2] == ["dvc", "pull"]
     assert "tracked outputs of config/x.yaml are missing" in capsys.readouterr().err
+
+
+def test_a_run_set_aside_changes_no_pipeline(monkeypatch):
+    """A checkout holding a run that is not the config's (or the markers of one set aside) adds
+    rule set_aside_foreign_run's job and a marker input to the train job in Snakemake's DAG; the
+    pipelines are the configs', so neither reaches dvc.yaml (whose --check would fail there)."""
+    from mwm import dvcgen
+    from mwm.setaside import SET_ASIDE_RULE
+
+    assert dvcgen.rule_files()[SET_ASIDE_RULE] == "rules/train.smk"
+    text = ("Building DAG of jobs...\n\n[Tue Dec  1 06:23:04 2026]\nlocalrule set_aside_foreign_run:\n"
+            "    output: results/runs/c/.retrain/a/seed0/1.json\n    jobid: 6\n"
+            "Shell command: python -m mwm.setaside --config c.yaml --variant a --seed 0 "
+            "--marker results/runs/c/.retrain/a/seed0/1.json\n\n[Tue Dec  1 06:23:04 2026]\nrule train:\n"
+            "    input: data/d/train.bin, results/runs/c/.retrain/a/seed0/1.json\n"
+            "    output: results/runs/c/a/seed0/summary.json\n    jobid: 5\n"
+            "Shell command: python -m mwm.train --config c.yaml\n")
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(dvcgen.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, text, ""))
+    (train,) = dvcgen.snakemake_jobs(CI)
+    assert (train.rule, train.inputs, train.outputs) == ("train", ["data/d/train.bin"],
+                                                         ["results/runs/c/a/seed0/summary.json"])

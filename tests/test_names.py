@@ -22,6 +22,7 @@ from mwm.launch import ranks_per_run
 from mwm.names import UNCONSTRAINED
 from mwm.paths import inside
 from mwm.runs import RUN_FILES, check_grid, expected_identity, grid_variants, identity_problem, run_config
+from mwm.setaside import foreign_problem, foreign_root, next_marker, retrain_markers
 from mwm.checks import check_config, check_splits
 from mwm.owner import check_owner, claim
 cfg = load_config("config/ci.yaml")
@@ -34,6 +35,10 @@ check_splits(cfg, {"splits": {"val": {"tokens": 10 ** 6}}}, "meta.json")
 check_owner("/nonexistent", cfg, "config/ci.yaml")
 identity_problem({}, expected_identity(cfg, "dgram-colnorm", 0))
 run_config(cfg, "dgram-hot")
+foreign_problem(cfg, "/nonexistent", "dgram-colnorm", 0)
+foreign_root("/nonexistent", cfg["name"])
+retrain_markers("/nonexistent", cfg["name"], "none", "0")
+next_marker("/nonexistent", cfg["name"], "none", "0")
 print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
 """
 
@@ -42,7 +47,7 @@ def test_snakefile_parse_imports_no_torch():
     common = (ROOT / "rules" / "common.smk").read_text()
     imported = {line.split()[1] for line in common.splitlines() if line.startswith("from mwm")}
     assert imported == {"mwm.checks", "mwm.config", "mwm.data", "mwm.launch", "mwm.names", "mwm.owner",
-                        "mwm.paths", "mwm.runs"}, \
+                        "mwm.paths", "mwm.runs", "mwm.setaside"}, \
         "rules/common.smk imports changed: update PARSE_TIME in this test"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.run([sys.executable, "-c", PARSE_TIME], cwd=ROOT, env=env, capture_output=True, text=True,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import json
+import re
 
 import yaml
 
@@ -57,7 +59,8 @@ def test_a_summary_is_checked_by_its_identity_else_by_its_hash(tmp_path):
 
 def test_workflow_names_a_finished_run_that_is_not_the_configs_at_load(tmp_path):
     """After an older mwm.train wrote a hand run with an override over a published run, Snakemake
-    planned only the report; now it names the run and the keys when it loads, before any job."""
+    planned only the report; now it names the run and the keys when it loads, before any job, and
+    plans to set it aside (its marker is an input of its train job)."""
     import pytest
 
     from test_reliability import HAS_SNAKEMAKE, repo_copy, snakemake_in
@@ -77,7 +80,72 @@ def test_workflow_names_a_finished_run_that_is_not_the_configs_at_load(tmp_path)
     assert proc.returncode == 0, out[-3000:]
     assert ("results/runs/ci/none/seed0/summary.json: trained with settings that are not the config's: "
             f"train.learning_rate: run 0.02, config {cfg['train']['learning_rate']}") in out, out[-3000:]
-    assert "--forcerun" in out
+    assert "rule set_aside_foreign_run moves each to results/hand/foreign/ci/<variant>/seed<S>-<UTC time>/" in out
+    assert re.search(r"^set_aside_foreign_run\s+1$", out, re.M), out[-3000:]
+    assert "results/runs/ci/.retrain/none/seed0/1.json" in out, out[-3000:]
+
+
+def _overwrite_identity(summary_path, cfg, variant, seed, lr):
+    """What an older ``mwm.train ... train.learning_rate=<lr> --out results`` left: the run's
+    summary records the hand run's identity."""
+    from mwm.io import atomic_write_json
+
+    summary = json.loads(summary_path.read_text())
+    hand = copy.deepcopy(expected_identity(cfg, variant, seed))
+    hand["train"]["learning_rate"] = lr
+    atomic_write_json(summary_path, {**summary, "identity": hand, "config_hash": config_hash(hand)})
+
+
+def test_snakemake_retrains_a_finished_run_that_is_not_the_configs(tmp_path):
+    """Before, `snakemake -n all` after such a hand run planned the report alone (which refuses the
+    run) and said to use --forcerun. Now the run is out of date: it is moved to
+    results/hand/foreign/ (nothing lost), retrained, the report remade, and a second
+    `snakemake -n all` has nothing to do. (The ci config with two runs: the whole DAG, cheaper.)"""
+    import pytest
+
+    from test_reliability import HAS_SNAKEMAKE, repo_copy, snakemake_in
+
+    if not HAS_SNAKEMAKE:
+        pytest.skip("snakemake not installed")
+    repo = repo_copy(tmp_path / "repo")
+    raw = yaml.safe_load((repo / "config" / "ci.yaml").read_text())
+    raw["grid"] = {"assignments": ["none", "dgram"], "seeds": [0]}
+    (repo / "config" / "ci.yaml").write_text(yaml.safe_dump(raw))
+    cfg = load_config(repo / "config" / "ci.yaml")
+    sm = ("--configfile", "config/ci.yaml", "--cores", "2")
+    first = snakemake_in(repo, *sm, "all", timeout=1200)
+    assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
+
+    summary = repo / "results" / "runs" / "ci" / "none" / "seed0" / "summary.json"
+    _overwrite_identity(summary, cfg, "none", 0, 0.02)
+    dry = snakemake_in(repo, *sm, "--dry-run", "all")
+    out = dry.stdout + dry.stderr
+    assert dry.returncode == 0, out[-3000:]
+    assert "results/runs/ci/none/seed0/summary.json: trained with settings that are not the config's" in out
+    for rule in ("set_aside_foreign_run", "train", "report"):
+        assert re.search(rf"^{rule}\s+1$", out, re.M), (rule, out[-3000:])
+    assert "wildcards: variant=none, seed=0" in out and "results/runs/ci/.retrain/none/seed0/1.json" in out
+
+    again = snakemake_in(repo, *sm, "all", timeout=900)
+    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+    assert identity_problem(json.loads(summary.read_text()), expected_identity(cfg, "none", 0)) is None
+    aside = list((repo / "results" / "hand" / "foreign" / "ci" / "none").glob("seed0-*Z"))
+    assert len(aside) == 1, aside
+    old = json.loads((aside[0] / "summary.json").read_text())
+    assert old["identity"]["train"]["learning_rate"] == 0.02 and (aside[0] / "metrics.csv").is_file()
+    record = json.loads((repo / "results" / "runs" / "ci" / ".retrain" / "none" / "seed0" / "1.json").read_text())
+    assert record["moved_to"] == aside[0].relative_to(repo).as_posix() and "train.learning_rate" in record["why"]
+    assert (repo / "paper_figures" / "ci" / "ledger.md").is_file()
+
+    done = snakemake_in(repo, *sm, "--dry-run", "all")
+    assert done.returncode == 0 and "Nothing to be done" in done.stdout + done.stderr, \
+        (done.stdout + done.stderr)[-3000:]
+    # written over again after the retrain: set aside again, with the next marker
+    _overwrite_identity(summary, cfg, "none", 0, 0.03)
+    dry = snakemake_in(repo, *sm, "--dry-run", "all")
+    out = dry.stdout + dry.stderr
+    assert dry.returncode == 0 and "results/runs/ci/.retrain/none/seed0/2.json" in out, out[-3000:]
+    assert re.search(r"^train\s+1$", out, re.M), out[-3000:]
 
 
 def test_capture_window_names_the_grid_runs_the_solver_study_reads(tmp_path):

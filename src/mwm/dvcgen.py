@@ -135,7 +135,25 @@ def snakemake_jobs(configfile: str, snakefile: str = SNAKEFILE, target: str = "a
             jobs[-1].shellcmd, in_shell = line.removeprefix("Shell command: "), True
     if not jobs:
         raise DvcGenError(f"{' '.join(cmd)} listed no jobs")
-    return jobs
+    return local_bookkeeping_dropped(jobs)
+
+
+def local_bookkeeping_dropped(jobs: list[Job]) -> list[Job]:
+    """``jobs`` without the workflow's local bookkeeping, which is in the DAG only while this
+    working tree holds a run that is not the config's own (or the markers of one set aside,
+    :mod:`mwm.setaside`): its rule's jobs and the markers among the train jobs' inputs. The
+    pipelines stay those of the configs, whatever runs this checkout holds."""
+    from .setaside import RETRAIN_FOLDER, SET_ASIDE_RULE
+
+    def marker(path: str) -> bool:
+        return RETRAIN_FOLDER in Path(path).parts
+
+    out = []
+    for job in jobs:
+        if job.rule != SET_ASIDE_RULE:
+            job.inputs = [i for i in job.inputs if not marker(i)]
+            out.append(job)
+    return out
 
 
 # --- code dependencies --------------------------------------------------------------------

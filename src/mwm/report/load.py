@@ -67,8 +67,8 @@ def load_runs(cfg: dict, root: str | Path = "results") -> dict[tuple[str, int], 
             f"training runs that are not config {cfg['name']!r}'s own (a hand run with overrides, an edited "
             "config whose runs were not retrained, or a copy); the report would show them as the config's:\n  "
             + "\n  ".join(foreign)
-            + "\nRetrain them from the config (snakemake --forcerun <summary.json> ..., or move the run folder "
-              "out of results/runs/ and run the workflow), or restore the config they were trained with")
+            + "\nRun the workflow (snakemake ... all): it moves such runs to results/hand/foreign/ and retrains "
+              "them from the config; or restore the config they were trained with")
     return runs
 
 
