@@ -251,7 +251,8 @@ def test_build_groups_by_rule_file_and_shares_outputs(tmp_path, monkeypatch):
     st = files[Path("dvc.yaml")]["stages"]
     st2 = files[Path("pipelines/ci2/dvc.yaml")]["stages"]
     assert list(st) == ["data-ci", "train-ci"] and list(st2) == ["train-ci2"]  # the dataset belongs to data-ci
-    assert st["train-ci"]["params"] == [{CI: ["train", "model", "grid"]}]
+    assert st["train-ci"]["params"] == [{CI: ["train", "model", "grid", "studies.solvers.source",
+                                              "studies.solvers.capture_start", "studies.solvers.capture_length"]}]
     assert "data/d/train.bin" in st2["train-ci2"]["deps"] and "src/mwm/train.py" in st["train-ci"]["deps"]
     assert "src/mwm/data" in st["data-ci"]["deps"] and "src/mwm/schema/data.yaml" in st["data-ci"]["deps"]
     assert "src/mwm/train.py" not in st["data-ci"]["deps"]  # only what the entry point imports
@@ -545,6 +546,7 @@ def test_a_run_set_aside_changes_no_pipeline(monkeypatch):
     from mwm import dvcgen
     from mwm.setaside import SET_ASIDE_RULE
 
+    monkeypatch.chdir(REPO)
     assert dvcgen.rule_files()[SET_ASIDE_RULE] == "rules/train.smk"
     text = ("Building DAG of jobs...\n\n[Tue Dec  1 06:23:04 2026]\nlocalrule set_aside_foreign_run:\n"
             "    output: results/runs/c/.retrain/a/seed0/1.json\n    jobid: 6\n"
@@ -553,7 +555,6 @@ def test_a_run_set_aside_changes_no_pipeline(monkeypatch):
             "    input: data/d/train.bin, results/runs/c/.retrain/a/seed0/1.json\n"
             "    output: results/runs/c/a/seed0/summary.json\n    jobid: 5\n"
             "Shell command: python -m mwm.train --config c.yaml\n")
-    monkeypatch.chdir(REPO)
     monkeypatch.setattr(dvcgen.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, text, ""))
     (train,) = dvcgen.snakemake_jobs(CI)
     assert (train.rule, train.inputs, train.outputs) == ("train", ["data/d/train.bin"],

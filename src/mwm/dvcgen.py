@@ -58,7 +58,9 @@ SCHEMA = PACKAGE / "schema"
 #: The studies read ``train`` and ``model`` too: the solver study's capture trainings run them, the
 #: audits' growth bound follows the config's schedule.
 #: Training also reads the keys of the solver study that choose which grid runs capture which steps
-#: (``studies.solvers.source: grid``; DVC's dotted keys, so other study settings rerun no training).
+#: (``studies.solvers.source: grid``): DVC's dotted keys, so other study settings rerun no training;
+#: listed where the config file sets them (DVC refuses a param its file lacks; a schema default is
+#: covered by the schema file, a dependency of the stage).
 PARAMS = {"data": ("data",),
           "train": ("train", "model", "grid", *(f"studies.solvers.{k}" for k in (
               "source", "assignments", "seed", "capture_start", "capture_length"))),
@@ -250,6 +252,7 @@ def build(configs: list[str], default: str = DEFAULT_CONFIG, jobs_of=snakemake_j
     for cfg_path in configs:
         cfg_path = Path(os.path.normpath(cfg_path)).as_posix()
         cfg = load_config(cfg_path)
+        raw = yaml.safe_load(Path(cfg_path).read_text()) or {}
         dest = pipeline_file(cfg["name"], cfg_path == os.path.normpath(default))
         if dest in files:
             raise DvcGenError(f"{cfg_path}: config name {cfg['name']!r} is used by another config")
@@ -270,7 +273,7 @@ def build(configs: list[str], default: str = DEFAULT_CONFIG, jobs_of=snakemake_j
             for o in outs:
                 owner[o] = name
             outs_here += outs
-            sections = [s for s in PARAMS[kind] if s.split(".")[0] in cfg]
+            sections = [s for s in PARAMS[kind] if (s in cfg if "." not in s else _file_sets(raw, s))]
             inputs = sorted({i for j in kjobs for i in j.inputs} - set(outs))
             deps = inputs + code_deps(kind, kjobs) + [
                 (SCHEMA / f"{s}.yaml").as_posix() for s in dict.fromkeys(s.split(".")[0] for s in sections)]
@@ -303,6 +306,16 @@ def build(configs: list[str], default: str = DEFAULT_CONFIG, jobs_of=snakemake_j
         content["_config"] = cfg_path
         files[dest] = content
     return files
+
+
+def _file_sets(raw: dict, dotted: str) -> bool:
+    """Whether the config file itself sets the key ``a.b.c``."""
+    node = raw
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
 
 
 def _kind_order(by_kind: dict[str, list[Job]]) -> list[str]:
