@@ -5,20 +5,15 @@ the same function, mwm.train.Run through a preemption checkpoint and a resume, w
 narrow model, so the path is known to work.
 """
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import load_benchmark
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_fullsize", ROOT / "benchmarks" / "bench_fullsize.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("bench_fullsize")
 
 
 @pytest.mark.parametrize("assignment", ["none", "hetero"])

@@ -5,25 +5,21 @@ written after every assignment; one row exercises evaluate, checkpoint and resum
 the one-update precision check gives finite numbers."""
 
 import gc
-import importlib.util
 import json
 import math
 import weakref
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import load_benchmark
+
 TINY = ["--device", "cpu", "--layers", "2", "--embd", "32", "--heads", "2", "--block", "32", "--vocab", "320",
         "--batch", "2", "--steps", "3", "--warmup", "2", "--dual-steps", "3", "--threads", "1", "--no-compile"]
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_gpu", ROOT / "benchmarks" / "bench_gpu.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("bench_gpu")
 
 
 def test_bench_gpu_runs_on_cpu_tiny(tmp_path, capsys, bench):
