@@ -121,22 +121,37 @@ def is_oom(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(t in str(exc) for t in _OOM_TEXT)
 
 
-def msign_flops(m: int, n: int, steps: int) -> float:
-    """Matmul FLOPs of one Polar Express msign of a tall ``m x n`` matrix in the released
-    (direct, wide) order: per step ``S = X X^T``, ``S^2``, ``(...) X``."""
+def msign_flops(m: int, n: int, steps: int, order: str = "direct") -> float:
+    """Matmul FLOPs of one Polar Express msign of a tall ``m x n`` matrix: in the released
+    (direct, wide) order per step ``S = X X^T``, ``S^2``, ``(...) X``; in the package's Gram
+    order (:mod:`mwm.msign`) ``X^T X`` twice and ``X Q`` twice (the restart and the end) and
+    per step ``b R + c R^2``, ``Q y`` and ``R y y``."""
+    if order == "gram":
+        return 4 * 2.0 * m * n * n + steps * 4 * 2.0 * n ** 3
     return steps * (4.0 * m * n * n + 2.0 * n ** 3)
 
 
-def update_flops(m: int, n: int, manifold: str, solver: str, iterations: int, msign_steps: int) -> float:
+def dual_iteration_flops(m: int, n: int, msign_steps: int, order: str = "direct") -> float:
+    """Matmul FLOPs of one dual-ascent iteration: direct, one msign with ``W S`` and ``W^T A``;
+    Gram (:mod:`mwm.dual_ascent`), ``D S``, ``K^T S``, ``S (D S)`` and ``(W^T M) Q_1`` in n x n,
+    ``W S``, ``M Q_1`` and ``X^T X`` in m x n, the Polar Express steps in n x n and ``W^T X Q_2``."""
+    prod = 2.0 * m * n * n
+    if order == "gram":
+        return 3 * prod + (4 + 1) * 2.0 * n ** 3 + msign_steps * 4 * 2.0 * n ** 3 + 2.0 * n ** 3
+    return msign_flops(m, n, msign_steps) + 2 * prod
+
+
+def update_flops(m: int, n: int, manifold: str, solver: str, iterations: int, msign_steps: int,
+                 order: str = "direct") -> float:
     """Matmul FLOPs of one matrix's update: plain Muon one msign; Manifold Muon its inner
-    solver's iterations (dual ascent: one msign, ``W S`` and ``W^T A``; ADMM: two msigns
-    and five ``m x n x n`` products) and the retraction (Stiefel: one msign; DGram and
-    Oblique: the Gram matrix and one product)."""
-    ms = msign_flops(m, n, msign_steps)
+    solver's iterations (dual ascent: :func:`dual_iteration_flops`; ADMM: two msigns and five
+    ``m x n x n`` products) and the retraction (Stiefel: one msign; DGram and Oblique: the
+    Gram matrix and one product). ``order``: the msign order, ``direct`` (released) or ``gram``."""
+    ms = msign_flops(m, n, msign_steps, order)
     if manifold == "none":
         return ms
     prod = 2.0 * m * n * n
-    per_iter = {"dual_ascent": ms + 2 * prod, "admm": 2 * ms + 5 * prod}[solver]
+    per_iter = {"dual_ascent": dual_iteration_flops(m, n, msign_steps, order), "admm": 2 * ms + 5 * prod}[solver]
     retract = ms if manifold == "stiefel" else 2 * prod
     return iterations * per_iter + retract
 

@@ -8,7 +8,8 @@ settings) runs ``--steps`` training steps after a warm-up, then one evaluation; 
   and the evaluation's share of the run (``max_iters / eval_interval + 1`` evaluations);
 * the optimizer's ops over the measured steps (torch.profiler: calls per step, ms per step,
   share), and its banks: matrices, real and padded rows, the msign order, and the share
-  of the optimizer's matmul FLOPs spent on zero padding.
+  of the optimizer's matmul FLOPs spent on zero padding (``bench_gpu.update_flops``, in the
+  msign order each bank runs).
 
 Times are of this process on this machine: compare assignments within one run, never
 across machines (``farm-bench`` pairs two whole commands).
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -27,27 +29,15 @@ from pathlib import Path
 
 import torch
 
-from mwm.config import load_config
+from mwm.config import ConfigError, load_config
 from mwm.diagnostics import attention_stats, spectral_stats
-from mwm.msign import GRAM_RESTART, choose_order
+from mwm.msign import choose_order
 from mwm.manifolds import to_tall
+from mwm.runs import run_config
 from mwm.train import Run
 
-
-def bank_flops(m: int, n: int, order: str, steps: int | None, msign_steps: int) -> float:
-    """Matmul FLOPs of one matrix's dual ascent (``steps`` iterations, ``msign_steps`` Polar
-    Express steps) at tall shape ``m x n`` in ``order`` (mwm.dual_ascent's two orders); with
-    ``steps`` None, of plain Muon's one msign."""
-    if steps is None:
-        return msign_steps * (4 * m * n * n + 2 * n**3 if order == "direct" else 4 * 2 * n**3) + \
-            (0 if order == "direct" else 3 * 2 * m * n * n)
-    if order == "direct":  # W S, then per PE step X X^T, S^2, P X; W^T A
-        per_it = 2 * m * n * n + msign_steps * (4 * m * n * n + 2 * n**3) + 2 * m * n * n
-    else:  # D S, K^T S, S (D S); Q1 (GRAM_RESTART steps); W^T X, X = M Q1, X^T X; the rest; W^T X Q2
-        late = msign_steps - GRAM_RESTART
-        per_it = 3 * 2 * n**3 + 4 * 2 * n**3 * GRAM_RESTART + 2 * n**3 + 2 * 2 * m * n * n + 2 * m * n * n \
-            + 4 * 2 * n**3 * late + 2 * n**3
-    return steps * per_it
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_gpu import update_flops  # noqa: E402  (one FLOP model for the benchmarks)
 
 
 def banks_report(run: Run) -> list[str]:
@@ -60,22 +50,25 @@ def banks_report(run: Run) -> list[str]:
         kinds = {g["manifold"] for g, _ in entries}
         kind = kinds.pop() if len(kinds) == 1 else "mixed"
         shapes = [tuple(to_tall(p)[0].shape) for _, p in entries]
-        steps = None if kind == "none" else group["dual_steps"]
-        msign_steps = group["msign_steps"]
         m_pad, n = max(m for m, _ in shapes), shapes[0][1]
         order = choose_order(m_pad, n) if group["msign_precision"] == "float32" else "direct"
-        real = sum(bank_flops(m, n, order, steps, msign_steps) for m, _ in shapes)
-        padded = len(shapes) * bank_flops(m_pad, n, order, steps, msign_steps)
+
+        def flops(m, manifold):  # a mixed bank: each matrix with its own manifold's retraction
+            return update_flops(m, n, manifold, group["solver"], group["dual_steps"], group["msign_steps"], order)
+
+        real = sum(flops(m, g["manifold"]) for (g, _), (m, _) in zip(entries, shapes))
+        padded = sum(flops(m_pad, g["manifold"]) for g, _ in entries)
         waste += padded - real
         total += padded
         lines.append(f"  bank {kind:<8} {len(shapes):>2} x {m_pad}x{n} ({order}): rows real {sum(m for m, _ in shapes)}, "
-                     f"padded {len(shapes) * m_pad}; {padded / 1e9:.2f} GFLOP a step, "
+                     f"padded {len(shapes) * m_pad}; {padded / 1e9:.3g} GFLOP a step, "
                      f"{100 * (padded - real) / padded:.0f}% on padding")
-    lines.append(f"  optimizer matmuls: {total / 1e9:.2f} GFLOP a step, {100 * waste / max(total, 1):.1f}% on padding")
+    lines.append(f"  optimizer matmuls: {total / 1e9:.3g} GFLOP a step, {100 * waste / max(total, 1):.1f}% on padding")
     return lines
 
 
 def measure(cfg: dict, assignment: str, steps: int, warmup: int, out: Path) -> list[str]:
+    cfg = run_config(cfg, assignment)  # its grid.train_overrides (hetero-admm's solver), as mwm.train does
     run = Run(cfg, assignment, 0, cfg["train"]["dgram_retraction"], out)
     run.open_logs(0)
     fb, opt = [], []
@@ -141,8 +134,13 @@ def main():
           f"median of {args.steps} steps after {args.warmup}")
     with tempfile.TemporaryDirectory() as tmp:
         for a in args.assignments.split(","):
-            print("\n".join(measure(cfg, a, args.steps, args.warmup, Path(tmp))), flush=True)
+            try:
+                print("\n".join(measure(cfg, a, args.steps, args.warmup, Path(tmp))), flush=True)
+            except ConfigError as exc:  # no data yet, an unknown assignment: one line, not a traceback
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
