@@ -328,11 +328,6 @@ def _ratio(a, b):
     return a / b if (a is not None and b is not None and b > 0) else None
 
 
-def _at(table: dict, T: int, key: str):
-    row = table.get(T)
-    return None if row is None else row[key]
-
-
 def _curve_stats(table: dict, sec: dict) -> dict:
     """Derived numbers of one curve family ``{T: {metric: value}}``."""
     rT = sec["report_T"]
