@@ -4,6 +4,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import fakedata
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -22,3 +24,9 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture()
+def fake_data(monkeypatch):
+    """Training reads the stand-in token dataset (tests/fakedata.py), no tokenizer needed."""
+    monkeypatch.setattr("mwm.train.resolve_data", lambda cfg: fakedata.FakeData())

@@ -1,5 +1,9 @@
 """A stand-in token dataset for training tests (random ids, no tokenizer needed)."""
 
+import sys
+import time
+from pathlib import Path
+
 import numpy as np
 import yaml
 
@@ -41,3 +45,38 @@ def write_config(path, **overrides):
         cfg.setdefault(section, {})[name] = value
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+TESTS = Path(__file__).parent
+CHILD = (
+    "import sys; sys.path.insert(0, {tests!r}); import fakedata; fakedata.patch()\n"
+    "from mwm.train import main; sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+def child_cmd(cfg, out, assignment="none", seed=0) -> list[str]:
+    """``mwm.train`` on the fake data in a child process (a script beside the config)."""
+    script = Path(cfg).parent / "child_train.py"
+    script.write_text(CHILD.format(tests=str(TESTS)))
+    return [sys.executable, str(script), "--config", str(cfg), "--assignment", assignment, "--seed", str(seed),
+            "--out", str(out)]
+
+
+def wait_for(pred, proc, timeout=180):
+    """Poll ``pred`` while the child ``proc`` lives; fail if it exits first or time runs out."""
+    t0 = time.time()
+    while not pred():
+        if proc.poll() is not None:
+            raise AssertionError(f"child exited early with {proc.returncode}: {proc.stderr.read() if proc.stderr else ''}")
+        if time.time() - t0 > timeout:
+            proc.kill()
+            raise AssertionError("timed out")
+        time.sleep(0.05)
+
+
+def run_main(tmp_path, *extra, assignment="none", seed="0", out="out", **over):
+    """``mwm.train.main`` in this process on a tiny config; its return code and run folder."""
+    cfg = write_config(tmp_path / "tiny.yaml", **over)
+    rc = mwm.train.main(["--config", str(cfg), "--assignment", assignment, "--seed", seed,
+                         "--out", str(tmp_path / out), *extra])
+    return rc, tmp_path / out / "runs" / "tiny" / assignment / f"seed{seed}"

@@ -97,11 +97,6 @@ def test_adamw_weights_and_gradients_are_checked(assignment):
         opts.step()
 
 
-@pytest.fixture
-def fake_data(monkeypatch):
-    monkeypatch.setattr("mwm.train.resolve_data", lambda cfg: fakedata.FakeData())
-
-
 @pytest.mark.parametrize("assignment", ["dgram", "adamw"])
 def test_planted_overflow_ends_the_run_unstable_at_that_step(tmp_path, monkeypatch, fake_data, assignment):
     """Whatever the site, the run is a completed job: unstable, onset at the planted step,

@@ -37,8 +37,8 @@ pytestmark = [
 
 
 @pytest.fixture(autouse=True)
-def fake_data(monkeypatch):
-    monkeypatch.setattr("mwm.train.resolve_data", lambda cfg: fakedata.FakeData())
+def _fake_data(fake_data):  # every test here trains on the fake data
+    pass
 
 
 def tiny(tmp_path, name="tiny.yaml", **over):

@@ -14,7 +14,6 @@ import pickle
 import shlex
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -31,7 +30,6 @@ from mwm.config import ConfigError, load_config
 from mwm.runs import checkpoint_dir, run_dir
 
 ROOT = Path(__file__).resolve().parents[1]
-TESTS = Path(__file__).parent
 HAS_SNAKEMAKE = importlib.util.find_spec("snakemake") is not None
 
 
@@ -132,106 +130,6 @@ def test_rules_quote_a_config_path_with_a_space(tmp_path):
 # ---------------------------------------------------------------------------------------
 # training runs: helpers
 # ---------------------------------------------------------------------------------------
-CHILD = (
-    "import sys; sys.path.insert(0, {tests!r}); import fakedata; fakedata.patch()\n"
-    "from mwm.train import main; sys.exit(main(sys.argv[1:]))\n"
-)
-
-
-def child_cmd(cfg: Path, out: Path, assignment: str = "none", seed: int = 0) -> list[str]:
-    script = cfg.parent / "child_train.py"
-    script.write_text(CHILD.format(tests=str(TESTS)))
-    return [sys.executable, str(script), "--config", str(cfg), "--assignment", assignment, "--seed", str(seed),
-            "--out", str(out)]
-
-
-def wait_for(pred, proc, timeout=180):
-    t0 = time.time()
-    while not pred():
-        if proc.poll() is not None:
-            raise AssertionError(f"child exited early with {proc.returncode}: {proc.stderr.read() if proc.stderr else ''}")
-        if time.time() - t0 > timeout:
-            proc.kill()
-            raise AssertionError("timed out")
-        time.sleep(0.05)
-
-
-def run_main(tmp_path, *extra, assignment="none", seed="0", out="out", **over):
-    from mwm.train import main
-
-    cfg = fakedata.write_config(tmp_path / "tiny.yaml", **over)
-    rc = main(["--config", str(cfg), "--assignment", assignment, "--seed", seed, "--out", str(tmp_path / out),
-               *extra])
-    return rc, tmp_path / out / "runs" / "tiny" / assignment / f"seed{seed}"
-
-
-@pytest.fixture()
-def fake_data(monkeypatch):
-    monkeypatch.setattr("mwm.train.resolve_data", lambda cfg: fakedata.FakeData())
-
-
-# ---------------------------------------------------------------------------------------
-# 2. one process per run folder
-# ---------------------------------------------------------------------------------------
-def test_second_process_on_a_run_is_refused_naming_the_holder(tmp_path, fake_data, capsys):
-    cfg = fakedata.write_config(tmp_path / "tiny.yaml", train__max_iters=5000, train__lr_decay_iters=5000,
-                                train__eval_interval=5000, train__checkpoint_interval=5000)
-    out = tmp_path / "out"
-    d = out / "runs" / "tiny" / "none" / "seed0"
-    proc = subprocess.Popen(child_cmd(cfg, out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for(lambda: (d / "metrics.csv").exists() and len((d / "metrics.csv").read_text().splitlines()) > 2,
-                 proc)
-        from mwm.train import main
-
-        rows_before = len((d / "metrics.csv").read_text().splitlines())
-        rc = main(["--config", str(cfg), "--assignment", "none", "--seed", "0", "--out", str(out)])
-        err = capsys.readouterr().err
-        assert rc == 2
-        assert f"process {proc.pid}" in err and socket.gethostname() in err and "in use" in err, err
-        assert proc.poll() is None  # the holder goes on, its logs untouched by the refused one
-        assert len((d / "metrics.csv").read_text().splitlines()) >= rows_before
-    finally:
-        proc.kill()
-        proc.wait()
-
-
-def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path, fake_data, capsys):
-    from mwm.lock import LOCK_NAME
-
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    d = tmp_path / "out" / "runs" / "tiny" / "none" / "seed0"
-    d.mkdir(parents=True)
-    (d / LOCK_NAME).write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname(), "token": "x"}))
-    rc, d2 = run_main(tmp_path)
-    assert rc == 0 and d2 == d
-    assert "stale lock" in capsys.readouterr().out
-    assert json.loads((d / "summary.json").read_text())["status"] == "completed"
-    assert not (d / LOCK_NAME).exists()  # released at the end
-
-
-def test_lock_of_another_host_is_broken_only_without_heartbeat(tmp_path, capsys):
-    from mwm.lock import LOCK_NAME, STALE_AFTER_S, RunLock, RunLocked
-
-    lock_file = tmp_path / LOCK_NAME
-    lock_file.write_text(json.dumps({"pid": 1, "host": "elsewhere.example", "token": "x"}))
-    with pytest.raises(RunLocked, match="elsewhere.example.*delete"):
-        RunLock(tmp_path)
-    old = time.time() - STALE_AFTER_S - 60  # its node died: no heartbeat for longer than the limit
-    os.utime(lock_file, (old, old))
-    taken = RunLock(tmp_path)
-    assert "stale lock" in capsys.readouterr().out
-    assert json.loads(lock_file.read_text())["pid"] == os.getpid()
-    taken.release()
-    assert not lock_file.exists()
-    lock = RunLock(tmp_path / "free")
-    with pytest.raises(RunLocked, match=f"process {os.getpid()}"):
-        RunLock(tmp_path / "free")
-    lock.release()
-    RunLock(tmp_path / "free").release()
-
-
 # ---------------------------------------------------------------------------------------
 # 3. an interrupted rerun of a completed run never looks complete
 # ---------------------------------------------------------------------------------------
@@ -240,10 +138,10 @@ def test_interrupted_rerun_leaves_no_summary_the_logs_do_not_back(tmp_path):
                                 train__eval_interval=100, train__checkpoint_interval=100)
     out = tmp_path / "out"
     d = out / "runs" / "tiny" / "none" / "seed0"
-    first = subprocess.run(child_cmd(cfg, out), capture_output=True, text=True)
+    first = subprocess.run(fakedata.child_cmd(cfg, out), capture_output=True, text=True)
     assert first.returncode == 0, first.stderr[-2000:]
     assert json.loads((d / "summary.json").read_text())["status"] == "completed" and (d / "final.pt").exists()
-    proc = subprocess.Popen(child_cmd(cfg, out), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(fakedata.child_cmd(cfg, out), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         for line in proc.stdout:  # the rerun has started once it reports its parameter count
             if "parameters" in line:
@@ -278,11 +176,11 @@ def test_planted_pickle_checkpoint_is_refused_and_runs_no_code(tmp_path, fake_da
     with open(ck, "wb") as fh:
         pickle.dump({"step": 4, "x": _Evil(marker)}, fh)
     # old torch.save zip layout as well: torch.save of an object that runs code when unpickled
-    rc, d = run_main(tmp_path)
+    rc, d = fakedata.run_main(tmp_path)
     assert not marker.exists()
     assert rc == 2 and "ckpt.pt" in capsys.readouterr().err
     torch.save({"step": 4, "x": _Evil(marker)}, ck)
-    rc, d = run_main(tmp_path)
+    rc, d = fakedata.run_main(tmp_path)
     assert not marker.exists()
     assert rc == 2 and "weights only" in capsys.readouterr().err
 
@@ -313,11 +211,11 @@ def test_stale_logs_without_header_start_the_run_afresh(tmp_path, fake_data):
     stale = "".join(f"{i},4.1,0.0006,0.02,0.01,100,0.005,0.5\n" for i in range(2))  # no header, short
     for folder in (run.dir, run.folder.mirror):
         (folder / "metrics.csv").write_text(stale)
-    rc, d = run_main(tmp_path)
+    rc, d = fakedata.run_main(tmp_path)
     assert rc == 0 and d == run.dir
     assert json.loads((d / "summary.json").read_text())["status"] == "completed"
     assert not run.ckpt_path.exists() and not run.folder.mirror.exists()
-    rc, ref = run_main(tmp_path, out="ref")
+    rc, ref = fakedata.run_main(tmp_path, out="ref")
     assert rc == 0
     for name in ("eval.csv", "spectral.csv", "attention.csv"):
         assert (d / name).read_text() == (ref / name).read_text(), name
@@ -335,7 +233,7 @@ def test_written_files_honour_the_umask(tmp_path, fake_data, mask, mode):
 
     old = os.umask(mask)
     try:
-        rc, d = run_main(tmp_path, train__capture_pairs_step=2)
+        rc, d = fakedata.run_main(tmp_path, train__capture_pairs_step=2)
         write_csv(tmp_path / "study" / "a.csv", ["x"], [[1.0]])
         write_json(tmp_path / "study" / "a.json", {"x": 1})
     finally:
@@ -380,7 +278,7 @@ def test_negative_seed_and_threads_are_refused(tmp_path, fake_data, capsys, args
 
 
 def test_colnorm_of_an_assignment_without_dgram_is_refused(tmp_path, fake_data, capsys):
-    rc, d = run_main(tmp_path, assignment="none-colnorm")
+    rc, d = fakedata.run_main(tmp_path, assignment="none-colnorm")
     assert rc == 2 and "colnorm" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
@@ -392,8 +290,8 @@ def test_sigint_checkpoints_like_sigterm(tmp_path):
                                 train__eval_interval=5000, train__checkpoint_interval=5000)
     out = tmp_path / "out"
     d = out / "runs" / "tiny" / "none" / "seed0"
-    proc = subprocess.Popen(child_cmd(cfg, out), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    wait_for(lambda: (d / "metrics.csv").exists() and len((d / "metrics.csv").read_text().splitlines()) > 3, proc)
+    proc = subprocess.Popen(fakedata.child_cmd(cfg, out), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    fakedata.wait_for(lambda: (d / "metrics.csv").exists() and len((d / "metrics.csv").read_text().splitlines()) > 3, proc)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=120) == EXIT_PREEMPTED
     ck = torch.load(out / "checkpoints" / "tiny" / "none" / "seed0" / "ckpt.pt", weights_only=True)
@@ -404,7 +302,7 @@ def test_report_refuses_a_summary_its_logs_do_not_back(tmp_path, fake_data):
     """What an interrupted rerun left before the fix: the old summary over logs cut to step 0."""
     from mwm.report.load import ReportError, load_runs
 
-    rc, d = run_main(tmp_path, grid__assignments=["none"])
+    rc, d = fakedata.run_main(tmp_path, grid__assignments=["none"])
     assert rc == 0
     cfg = load_config(tmp_path / "tiny.yaml")
     assert len(load_runs(cfg, tmp_path / "out")) == 1

@@ -4,7 +4,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -15,13 +14,12 @@ from mwm.config import load_config
 from mwm.model import GPT, GPT2_SMALL_PARAMS, GPTConfig
 from mwm.train import EXIT_PREEMPTED, DivergenceMonitor, Run, main
 
-TESTS = Path(__file__).parent
 LOSS_COLS = ("step", "train_loss", "lr", "muon_lr")
 
 
 @pytest.fixture(autouse=True)
-def fake_data(monkeypatch):
-    monkeypatch.setattr("mwm.train.resolve_data", lambda cfg: fakedata.FakeData())
+def _fake_data(fake_data):  # every test here trains on the fake data
+    pass
 
 
 def run_inprocess(tmp_path, assignment="hetero", seed=0, out="out", **over):
@@ -141,30 +139,6 @@ def test_custom_pattern_assignment(tmp_path):
 
 
 # ------------------------------------------------------------------ subprocess: kill and resume
-CHILD = (
-    "import sys; sys.path.insert(0, {tests!r}); import fakedata; fakedata.patch()\n"
-    "from mwm.train import main; sys.exit(main(sys.argv[1:]))\n"
-)
-
-
-def child(cfg, out, assignment="hetero"):
-    script = Path(cfg).parent / "child_train.py"
-    script.write_text(CHILD.format(tests=str(TESTS)))
-    return [sys.executable, str(script), "--config", str(cfg), "--assignment", assignment, "--seed", "0",
-            "--out", str(out)]
-
-
-def wait_for(pred, proc, timeout=120):
-    t0 = time.time()
-    while not pred():
-        if proc.poll() is not None:
-            raise AssertionError(f"child exited early with {proc.returncode}")
-        if time.time() - t0 > timeout:
-            proc.kill()
-            raise AssertionError("timed out")
-        time.sleep(0.05)
-
-
 def metric_rows(d):
     return csv_cols(d / "metrics.csv", LOSS_COLS)
 
@@ -174,11 +148,11 @@ def test_interrupted_run_resumes_bit_for_bit(tmp_path, how):
     cfg = fakedata.write_config(tmp_path / "tiny.yaml", train__max_iters=24, train__lr_decay_iters=24,
                                 train__checkpoint_interval=4, train__eval_interval=8)
     ref_out, out = tmp_path / "ref", tmp_path / "cut"
-    assert subprocess.run(child(cfg, ref_out), capture_output=True).returncode == 0
-    proc = subprocess.Popen(child(cfg, out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert subprocess.run(fakedata.child_cmd(cfg, ref_out, "hetero"), capture_output=True).returncode == 0
+    proc = subprocess.Popen(fakedata.child_cmd(cfg, out, "hetero"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     ck = out / "checkpoints" / "tiny" / "hetero" / "seed0" / "ckpt.pt"
     d = out / "runs" / "tiny" / "hetero" / "seed0"
-    wait_for(lambda: ck.exists() and (d / "metrics.csv").exists()
+    fakedata.wait_for(lambda: ck.exists() and (d / "metrics.csv").exists()
              and len((d / "metrics.csv").read_text().splitlines()) > 10, proc)
     if how == "sigkill":
         proc.send_signal(signal.SIGKILL)
@@ -191,7 +165,7 @@ def test_interrupted_run_resumes_bit_for_bit(tmp_path, how):
 
         shutil.rmtree(d)
     assert not (d / "summary.json").exists()
-    done = subprocess.run(child(cfg, out), capture_output=True, text=True)
+    done = subprocess.run(fakedata.child_cmd(cfg, out, "hetero"), capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "resumed from" in done.stdout
     ref_d = ref_out / "runs" / "tiny" / "hetero" / "seed0"
@@ -213,11 +187,11 @@ def test_two_ranks_equal_one_rank(tmp_path):
                   grid__assignments=DDP_GRID["assignments"])
     cfg1 = fakedata.write_config(tmp_path / "one.yaml", train__grad_accum=2, **common)
     cfg2 = fakedata.write_config(tmp_path / "two.yaml", train__grad_accum=1, **common)
-    r1 = subprocess.run(child(cfg1, tmp_path / "r1", "ddp"), capture_output=True, text=True)
+    r1 = subprocess.run(fakedata.child_cmd(cfg1, tmp_path / "r1", "ddp"), capture_output=True, text=True)
     assert r1.returncode == 0, r1.stderr[-3000:]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"] + \
-        child(cfg2, tmp_path / "r2", "ddp")[1:]
+        fakedata.child_cmd(cfg2, tmp_path / "r2", "ddp")[1:]
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     a = torch.load(tmp_path / "r1" / "runs" / "tiny" / "ddp" / "seed0" / "final.pt")

@@ -1,0 +1,74 @@
+"""mwm.lock: one process per run folder. A second process is refused naming the holder, a dead
+holder's lock is taken over, another host's lock only once its heartbeat has stopped."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+import fakedata
+
+
+def test_second_process_on_a_run_is_refused_naming_the_holder(tmp_path, fake_data, capsys):
+    cfg = fakedata.write_config(tmp_path / "tiny.yaml", train__max_iters=5000, train__lr_decay_iters=5000,
+                                train__eval_interval=5000, train__checkpoint_interval=5000)
+    out = tmp_path / "out"
+    d = out / "runs" / "tiny" / "none" / "seed0"
+    proc = subprocess.Popen(fakedata.child_cmd(cfg, out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        fakedata.wait_for(lambda: (d / "metrics.csv").exists() and len((d / "metrics.csv").read_text().splitlines()) > 2,
+                          proc)
+        from mwm.train import main
+
+        rows_before = len((d / "metrics.csv").read_text().splitlines())
+        rc = main(["--config", str(cfg), "--assignment", "none", "--seed", "0", "--out", str(out)])
+        err = capsys.readouterr().err
+        assert rc == 2
+        assert f"process {proc.pid}" in err and socket.gethostname() in err and "in use" in err, err
+        assert proc.poll() is None  # the holder goes on, its logs untouched by the refused one
+        assert len((d / "metrics.csv").read_text().splitlines()) >= rows_before
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path, fake_data, capsys):
+    from mwm.lock import LOCK_NAME
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    d = tmp_path / "out" / "runs" / "tiny" / "none" / "seed0"
+    d.mkdir(parents=True)
+    (d / LOCK_NAME).write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname(), "token": "x"}))
+    rc, d2 = fakedata.run_main(tmp_path)
+    assert rc == 0 and d2 == d
+    assert "stale lock" in capsys.readouterr().out
+    assert json.loads((d / "summary.json").read_text())["status"] == "completed"
+    assert not (d / LOCK_NAME).exists()  # released at the end
+
+
+def test_lock_of_another_host_is_broken_only_without_heartbeat(tmp_path, capsys):
+    from mwm.lock import LOCK_NAME, STALE_AFTER_S, RunLock, RunLocked
+
+    lock_file = tmp_path / LOCK_NAME
+    lock_file.write_text(json.dumps({"pid": 1, "host": "elsewhere.example", "token": "x"}))
+    with pytest.raises(RunLocked, match="elsewhere.example.*delete"):
+        RunLock(tmp_path)
+    old = time.time() - STALE_AFTER_S - 60  # its node died: no heartbeat for longer than the limit
+    os.utime(lock_file, (old, old))
+    taken = RunLock(tmp_path)
+    assert "stale lock" in capsys.readouterr().out
+    assert json.loads(lock_file.read_text())["pid"] == os.getpid()
+    taken.release()
+    assert not lock_file.exists()
+    lock = RunLock(tmp_path / "free")
+    with pytest.raises(RunLocked, match=f"process {os.getpid()}"):
+        RunLock(tmp_path / "free")
+    lock.release()
+    RunLock(tmp_path / "free").release()
