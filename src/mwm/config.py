@@ -30,6 +30,9 @@ from typing import Any, Iterable
 import yaml
 from jsonschema import Draft202012Validator, validators
 
+from .errors import ConfigError
+from .paths import NAME_PATTERN
+
 __all__ = [
     "ConfigError",
     "resolve_device",
@@ -84,10 +87,6 @@ def _integers(value: Any, schema: dict) -> Any:
     if isinstance(value, list) and isinstance(schema.get("items"), dict):
         return [_integers(v, schema["items"]) for v in value]
     return value
-
-
-class ConfigError(ValueError):
-    """A config that does not validate; the message names file, key and value."""
 
 
 #: Bounds on a config before it is validated: its file size, and its size once YAML
@@ -194,8 +193,6 @@ def seed_bound() -> int:
 
 
 def _compose_schema() -> dict:
-    from .paths import NAME_PATTERN
-
     props = {}
     for path in sorted(SCHEMA_DIR.glob("*.yaml")):
         with open(path) as fh:

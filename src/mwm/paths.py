@@ -17,7 +17,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from .config import ConfigError
+from .errors import ConfigError
 
 __all__ = ["UnsafePathError", "NAME_PATTERN", "check_component", "inside", "check_out_root"]
 
