@@ -41,6 +41,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
+from . import workers
 from .errors import DataError
 
 __all__ = [
@@ -62,7 +63,6 @@ __all__ = [
     "Repeated",
     "expand_paths",
     "make_source",
-    "set_worker_state",
 ]
 
 UNIT_CHARS = 1 << 18      # ~256k characters (~64k tokens) of text per work unit
@@ -171,9 +171,6 @@ def iter_pieces(text: str, target: int = UNIT_CHARS) -> Iterator[str]:
 # ---------------------------------------------------------------------------
 # work units (run in tokenizer workers)
 
-_WORKER_STATE: dict = {}
-
-
 @dataclass
 class TextUnit:
     """Text pieces in order; ``eot[i]``: the document ends after piece i."""
@@ -204,14 +201,9 @@ class RowsUnit:
     column: str
 
     def texts(self) -> Iterator[tuple[str, bool]]:
-        ds = _WORKER_STATE[self.key]
+        ds = workers.lookup(self.key)
         for text in ds[self.rows][self.column]:
             yield ("" if text is None else text), True
-
-
-def set_worker_state(state: dict | None) -> None:
-    _WORKER_STATE.clear()
-    _WORKER_STATE.update(state or {})
 
 
 # ---------------------------------------------------------------------------
@@ -746,14 +738,12 @@ class OpenWebTextArchives(Source):
 
     def materialize(self, workdir: Path, num_proc: int, log) -> None:
         """Download (if needed) and decode the archives into ``workdir/openwebtext-text``."""
-        from . import encode
-
         paths = self.paths if self.paths is not None else self._download(log)
         folder = Path(workdir) / "openwebtext-text"
         folder.mkdir(parents=True, exist_ok=True)
         jobs = [(k, str(p), self.order, str(folder)) for k, p in enumerate(paths)]
         log(f"  decoding {len(jobs)} archives ({self.order} order) into {folder}")
-        self.archives = list(encode.map_ordered(_decode_archive, jobs, num_proc))
+        self.archives = list(workers.map_ordered(_decode_archive, jobs, num_proc))
         if self.order == "sorted":  # the 2022 script sorted all .xz names at once: archives must not interleave
             for a, b in zip(self.archives, self.archives[1:]):
                 if a["last_xz"] and b["first_xz"] and a["last_xz"] > b["first_xz"]:

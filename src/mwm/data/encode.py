@@ -10,21 +10,20 @@ in this process.
 from __future__ import annotations
 
 import collections
-import multiprocessing as mp
 from typing import Iterable, Iterator
 
 import numpy as np
 
-from . import corpora
+from . import workers
 from .tokenizer import EOT, get_encoding
 
-__all__ = ["encode_unit", "encode_units", "map_ordered", "DTYPE"]
+__all__ = ["encode_unit", "encode_units", "DTYPE"]
 
 DTYPE = np.dtype("<u2")  # uint16, little-endian, as nanoGPT's np.memmap(dtype=np.uint16) reads it
 
 
 def _init_worker(state: dict | None) -> None:
-    corpora.set_worker_state(state)
+    workers.set_state(state)
     get_encoding()
 
 
@@ -47,17 +46,16 @@ def encode_units(units: Iterable, num_proc: int, state: dict | None = None,
                  window: int | None = None) -> Iterator[tuple[str, np.ndarray, int]]:
     """Encode ``units`` (lazily consumed) with ``num_proc`` workers; yields in input order."""
     if num_proc <= 1:
-        old = dict(corpora._WORKER_STATE)
-        corpora.set_worker_state(state)
+        old = workers.state_copy()
+        workers.set_state(state)
         try:
             for unit in units:
                 yield encode_unit(unit)
         finally:
-            corpora.set_worker_state(old)
+            workers.set_state(old)
         return
     get_encoding()  # provision / load once here, so forked workers inherit it
-    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-    ctx = mp.get_context(method)
+    ctx = workers.context()
     window = window or 2 * num_proc
     with ctx.Pool(num_proc, initializer=_init_worker, initargs=(state,)) as pool:
         pending: collections.deque = collections.deque()
@@ -74,14 +72,3 @@ def encode_units(units: Iterable, num_proc: int, state: dict | None = None,
             if not pending:
                 break
             yield pending.popleft().get()
-
-
-
-def map_ordered(fn, jobs: list, num_proc: int) -> Iterator:
-    """``fn(job)`` for each job (picklable), ``num_proc`` processes, results in job order."""
-    if num_proc <= 1 or len(jobs) <= 1:
-        yield from map(fn, jobs)
-        return
-    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-    with mp.get_context(method).Pool(min(num_proc, len(jobs))) as pool:
-        yield from pool.imap(fn, jobs)
