@@ -559,3 +559,14 @@ def test_a_run_set_aside_changes_no_pipeline(monkeypatch):
     (train,) = dvcgen.snakemake_jobs(CI)
     assert (train.rule, train.inputs, train.outputs) == ("train", ["data/d/train.bin"],
                                                          ["results/runs/c/a/seed0/summary.json"])
+
+
+def test_without_snakemake_on_path_generation_is_one_line_naming_it(monkeypatch, capsys):
+    """A shell without the environment activated: one line that says what to do, exit 2."""
+    from mwm import dvcgen
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("PATH", "")
+    assert dvcgen.main(["--check"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "snakemake is not on PATH" in err and "Traceback" not in err

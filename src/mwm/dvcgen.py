@@ -118,7 +118,11 @@ def snakemake_jobs(configfile: str, snakefile: str = SNAKEFILE, target: str = "a
     from ``snakemake --dry-run --forceall --printshellcmds`` in the repository root."""
     cmd = ["snakemake", "--snakefile", snakefile, "--configfile", configfile, "--dry-run", "--forceall",
            "--printshellcmds", "--nolock", target]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+    except FileNotFoundError as exc:
+        raise DvcGenError("snakemake is not on PATH: activate the environment .ci/install.sh installed into "
+                          "(e.g. `source .venv/bin/activate`)") from exc
     if proc.returncode != 0:
         raise DvcGenError(f"{' '.join(cmd)} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
     files = rule_files(snakefile)
@@ -521,7 +525,11 @@ def main(argv: list[str] | None = None) -> int:
     default = os.path.normpath(a.default)
     if not Path(default).is_file():
         p.error(f"--default {a.default}: no such config file")
-    texts = generate(a.config or all_configs(default), default)
+    try:
+        texts = generate(a.config or all_configs(default), default)
+    except DvcGenError as exc:  # one line, not a traceback
+        print(f"mwm.dvcgen: error: {exc}", file=sys.stderr)
+        return 2
     if a.check:
         return check(texts)
     write(texts)
