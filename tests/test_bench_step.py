@@ -31,10 +31,9 @@ def test_flops_of_both_orders_grow_with_the_rows_only_through_the_m_terms():
 
 
 @pytest.mark.parametrize("assignment", ["none", "hetero"])
-def test_measure_reports_the_split_the_ops_and_the_padding(tmp_path, monkeypatch, assignment):
+def test_measure_reports_the_split_the_ops_and_the_padding(tmp_path, fake_data, assignment):
     from mwm.config import load_config
 
-    monkeypatch.setattr("mwm.train.resolve_data", lambda cfg: fakedata.FakeData())
     cfg = load_config(fakedata.write_config(tmp_path / "tiny.yaml"))
     lines = _bench().measure(cfg, assignment, steps=2, warmup=1, out=tmp_path)
     head = lines[0]
@@ -50,12 +49,11 @@ def test_measure_reports_the_split_the_ops_and_the_padding(tmp_path, monkeypatch
     assert re.search(r"optimizer matmuls: [\d.e+-]+ GFLOP a step, [\d.]+% on padding", lines[-1])
 
 
-def test_a_variant_is_measured_with_its_grid_overrides(tmp_path, monkeypatch):
+def test_a_variant_is_measured_with_its_grid_overrides(tmp_path, fake_data):
     """hetero-admm is hetero's manifolds with ADMM (grid.train_overrides): its optimizer must
     be counted and timed with ADMM's one step, not hetero's dual ascent, as mwm.train runs it."""
     from mwm.config import load_config
 
-    monkeypatch.setattr("mwm.train.resolve_data", lambda cfg: fakedata.FakeData())
     path = fakedata.write_config(
         tmp_path / "tiny.yaml", grid__assignments=["hetero", "hetero-admm"],
         grid__custom={"hetero-admm": {"*.attn.*": "stiefel", "*.mlp.*": "dgram"}},
