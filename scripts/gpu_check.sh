@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check: one command to run as is on a lent GPU machine (README, "Running on a GPU").
+# The GPU check: one command to run as is on a lent GPU machine (docs/running.md, "Running on a GPU").
 #
 #   bash scripts/gpu_check.sh --prepare     on a CPU machine with pip: download the wheels the GPU
 #                                           image lacks (jsonschema and its needs) into .whl/ (ignored)

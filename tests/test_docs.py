@@ -1,9 +1,12 @@
 """The README and docs/ pages a researcher reads first: every relative link resolves (files and
-in-page anchors) and every ``python -m mwm...`` entry point they quote answers ``--help``."""
+in-page anchors), every ``python -m mwm...`` entry point they quote answers ``--help``, and every
+``snakemake ...`` command they quote parses with Snakemake's own argument parser and names config
+files, profiles and targets that exist."""
 
 from __future__ import annotations
 
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -63,3 +66,48 @@ def test_every_quoted_entry_point_answers_help(module):
                           timeout=120, cwd=ROOT)
     assert proc.returncode == 0, f"python -m {module} --help: {proc.stderr.strip()[-500:]}"
     assert "usage" in proc.stdout.lower()
+
+
+SNAKEMAKE = re.compile(r"^\s*(?:[A-Z_]+=\S*\s+)*(snakemake\s.*)$")  # env assignments may come first
+
+
+def quoted_snakemake() -> list[str]:
+    """Every ``snakemake ...`` command of the pages: in inline code, code blocks and indented blocks
+    (backslash-continued lines joined, trailing comments dropped, placeholders like ``<name>`` skipped)."""
+    found = set()
+    for page in PAGES:
+        for line in page.read_text().replace("\\\n", " ").splitlines():
+            for chunk in re.findall(r"`([^`]*)`", line) if "`" in line else [line]:
+                m = SNAKEMAKE.match(chunk)
+                if m:
+                    cmd = re.sub(r"\s+#.*$", "", m.group(1)).strip()
+                    if "<" not in cmd and "..." not in cmd:
+                        found.add(" ".join(cmd.split()))
+    return sorted(found)
+
+
+def rule_names() -> set[str]:
+    files = [ROOT / "Snakefile", *sorted((ROOT / "rules").glob("*.smk"))]
+    return {m for f in files for m in re.findall(r"^rule (\w+)", f.read_text(), flags=re.M)}
+
+
+def test_the_pages_quote_snakemake_commands():
+    cmds = quoted_snakemake()
+    assert "snakemake --cores 2 all" in cmds  # the README's own first command is found
+    assert any("--profile slurm" in c for c in cmds)
+    assert "all" in rule_names()
+
+
+@pytest.mark.parametrize("command", quoted_snakemake())
+def test_every_quoted_snakemake_command_parses(command):
+    from snakemake.cli import get_argument_parser
+
+    try:
+        args = get_argument_parser().parse_args(shlex.split(command)[1:])
+    except SystemExit:
+        pytest.fail(f"{command!r}: snakemake's argument parser refuses it")
+    missing = [f"config file {c}" for c in (args.configfile or []) if not (ROOT / c).is_file()]
+    profiles = args.profile if isinstance(args.profile, list) else [args.profile] if args.profile else []
+    missing += [f"profile {p}" for p in profiles if not (ROOT / p).is_dir()]
+    missing += [f"target {t}" for t in (args.targets or []) if t not in rule_names()]
+    assert not missing, f"{command!r} names what does not exist: " + ", ".join(missing)

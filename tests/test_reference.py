@@ -9,7 +9,7 @@ as wide and the direct one elsewhere, msign by float32 Polar Express.
 Tolerance. The two sides differ by float32 rounding carried through 20 dual-ascent
 iterations and two steps, and by Polar Express's own error (10 steps against the
 exact polar factor); on these tall, well-conditioned problems (no square matrices,
-whose dual ascent amplifies rounding to 0.1 of the update, see README) that measured
+whose dual ascent amplifies rounding to 0.1 of the update, see docs/findings.md) that measured
 at most 2e-6 relative (Frobenius, per matrix). Another CPU changes float32 rounding by
 a few ulps per operation (other BLAS kernels, summation orders, FMA or not), which
 these iterations carry on without amplifying much; TOL = 1e-4 leaves 50x for that.

@@ -177,7 +177,7 @@ def test_interrupted_run_resumes_bit_for_bit(tmp_path, how):
 
 
 # Square matrices are left to plain Muon here: for a square W the dual ascent amplifies
-# float rounding (a different all-reduce order) to ~0.1 of the update (README), which would
+# float rounding (a different all-reduce order) to ~0.1 of the update (docs/findings.md), which would
 # test that chaos rather than the sharding. Tall and wide manifold banks are sharded.
 DDP_GRID = {"custom": {"ddp": {"*.attn.c_attn.*": "stiefel", "*.mlp.*": "dgram"}}, "assignments": ["ddp"]}
 

@@ -28,7 +28,7 @@ value held in float32, each matmul runs in float32 and its result is rounded to
 bfloat16, each elementwise op is computed in float32 and rounded. That is what a
 GPU bfloat16 GEMM does (bf16 operands, float32 accumulation, result rounded to
 bf16), on any device; ``native=True`` runs real bfloat16 tensors (the test
-compares the two; timings of both: README, Measured).
+compares the two; timings of both: docs/measured.md).
 ``precision="float32"`` is the float32 iteration above (a control).
 """
 
@@ -134,7 +134,7 @@ def _flush_tiny(T: torch.Tensor, tiny: float) -> torch.Tensor:
     """``T`` with entries of magnitude at most ``tiny`` set to 0 (NaN and Inf kept).
 
     One fused call (``hardshrink``) instead of abs/compare/masked_fill: small
-    matrices are bound by calls, not flops (README, numerics notes).
+    matrices are bound by calls, not flops (docs/findings.md).
     """
     return torch.nn.functional.hardshrink(T, tiny)
 
@@ -251,7 +251,7 @@ def choose_order(m: int, n: int) -> str:
     one; below ``m = 2 n`` the restart's extra products eat the saving. Small
     matrices pay more per call, and the Gram order makes more calls, hence the
     ``n >= GRAM_MIN_N`` condition at ``m < 3 n`` (the measured speeds behind these
-    thresholds: README, Measured).
+    thresholds: docs/measured.md).
     """
     return "gram" if m >= 3 * n or (m >= 2 * n and n >= GRAM_MIN_N) else "direct"
 

@@ -405,7 +405,7 @@ def _oriented(tall: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 #: Matrices with at most this many entries are banked by width alone, zero-padded to
 #: the bank's tallest height. Padding rows with zeros changes nothing in the math (the
 #: padded rows of M, A and the retraction stay 0), and small matrices pay more per call
-#: than per flop, so one padded bank beats several exact-shape ones (README, Measured).
+#: than per flop, so one padded bank beats several exact-shape ones (docs/measured.md).
 #: Larger matrices keep exact-shape banks, where padding would cost flops.
 PAD_MAX_ENTRIES = 1 << 16
 
