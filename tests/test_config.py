@@ -126,3 +126,24 @@ def test_cuda_without_a_gpu_is_a_config_error_naming_the_key(device):
 def test_auto_and_cpu_resolve_on_any_machine():
     assert resolve_device("cpu").type == "cpu"
     assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_schema_vocabularies_come_from_mwm_names():
+    """``$vocab: NAME`` in a schema file becomes the enum of ``mwm.names.NAME``: the retraction and
+    study-manifold names are spelled once, and a bad value is refused naming the key."""
+    from mwm.names import RETRACTIONS, STUDY_MANIFOLDS
+
+    assert config.schema_node("train.dgram_retraction")["enum"] == list(RETRACTIONS)
+    assert config.schema_node("studies.alpha.manifolds")["items"]["enum"] == list(STUDY_MANIFOLDS)
+    assert "$vocab" not in config._schema_cached()
+    cfg = yaml.safe_load(yaml.safe_dump(fakedata.TINY))
+    cfg["train"]["dgram_retraction"] = "svd"
+    with pytest.raises(ConfigError, match="dgram_retraction"):
+        validate(cfg)
+
+
+def test_a_schema_vocab_that_mwm_names_lacks_is_refused():
+    with pytest.raises(ConfigError, match=r"schema train.yaml: \$vocab 'NOPE' is not a vocabulary of mwm.names"):
+        config._vocab({"x": {"$vocab": "NOPE"}}, "train.yaml")
+    assert config._vocab({"a": [{"$vocab": "RETRACTIONS", "default": "paper"}]}, "t") == {
+        "a": [{"default": "paper", "enum": ["paper", "colnorm"]}]}

@@ -30,6 +30,7 @@ from typing import Any, Iterable
 import yaml
 from jsonschema import Draft202012Validator, validators
 
+from . import names
 from .errors import ConfigError
 from .paths import NAME_PATTERN
 
@@ -192,11 +193,27 @@ def seed_bound() -> int:
     return int(schema_node("grid.seeds")["items"]["maximum"])
 
 
+def _vocab(node: Any, where: str) -> Any:
+    """``node`` with every ``$vocab: NAME`` replaced by ``enum: [...]``, the names of ``mwm.names.NAME``
+    (a tuple, or a table's keys): a vocabulary the code defines is spelled once, there."""
+    if isinstance(node, list):
+        return [_vocab(v, where) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _vocab(v, where) for k, v in node.items() if k != "$vocab"}
+    if "$vocab" in node:
+        names_table = getattr(names, str(node["$vocab"]), None)
+        if not isinstance(names_table, (tuple, dict)) or not all(isinstance(k, str) for k in names_table):
+            raise ConfigError(f"schema {where}: $vocab {node['$vocab']!r} is not a vocabulary of mwm.names")
+        out["enum"] = list(names_table)
+    return out
+
+
 def _compose_schema() -> dict:
     props = {}
     for path in sorted(SCHEMA_DIR.glob("*.yaml")):
         with open(path) as fh:
-            props[path.stem] = yaml.safe_load(fh)
+            props[path.stem] = _vocab(yaml.safe_load(fh), path.name)
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "type": "object",

@@ -15,7 +15,7 @@ from typing import Mapping
 
 from .names import ATTN_KEYS, MLP_KEYS
 
-__all__ = ["SIZES", "model_shape", "check_dims", "hidden_matrix_names", "match_patterns"]
+__all__ = ["SIZES", "model_shape", "check_dims", "hidden_matrix_names", "hidden_matrix_shapes", "match_patterns"]
 
 #: Named sizes; ``gpt2`` is GPT-2 small.
 SIZES = {
@@ -42,6 +42,13 @@ def check_dims(n_layer: int, n_head: int, n_embd: int, vocab_size: int, block_si
 def hidden_matrix_names(n_layer: int) -> list[str]:
     """The full parameter names of the hidden matrices (the 2-D weights Muon trains), in model order."""
     return [f"transformer.h.{i}.{key}.weight" for i in range(n_layer) for key in (*ATTN_KEYS, *MLP_KEYS)]
+
+
+def hidden_matrix_shapes(n_embd: int) -> dict[str, tuple[int, int]]:
+    """``{key: (fan_in, fan_out)}`` of one block's hidden matrices (keys as ``ATTN_KEYS``, ``MLP_KEYS``)
+    at width ``n_embd``: the shapes :mod:`mwm.model` builds (its weights are ``fan_out x fan_in``)."""
+    n = n_embd
+    return dict(zip((*ATTN_KEYS, *MLP_KEYS), ((n, 3 * n), (n, n), (n, 4 * n), (4 * n, n))))
 
 
 def match_patterns(hidden: list[str], patterns: Mapping[str, str]) -> dict[str, str]:

@@ -38,6 +38,7 @@ from typing import Callable
 import torch
 
 from .msign import msign, polar_exact
+from .names import RETRACTIONS
 
 __all__ = [
     "MANIFOLDS",
@@ -50,7 +51,7 @@ __all__ = [
 ]
 
 MANIFOLDS = ("stiefel", "dgram", "oblique")
-DGRAM_RETRACTIONS = ("paper", "colnorm")
+DGRAM_RETRACTIONS = RETRACTIONS
 
 
 def to_tall(W: torch.Tensor) -> tuple[torch.Tensor, bool]:

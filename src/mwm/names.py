@@ -31,6 +31,8 @@ from typing import Mapping
 __all__ = [
     "ATTN_KEYS",
     "MLP_KEYS",
+    "ATTN_MATRICES",
+    "MLP_MATRICES",
     "ADAMW",
     "NAMED_ASSIGNMENTS",
     "PAPER_ASSIGNMENTS",
@@ -48,6 +50,9 @@ __all__ = [
 #: Name fragments of the hidden matrices (the 2-D weights that go to Muon).
 ATTN_KEYS = ("attn.c_attn", "attn.c_proj")
 MLP_KEYS = ("mlp.c_fc", "mlp.c_proj")
+#: Their short names (the ``matrix`` column of ``spectral.csv``): attention's and the MLP's.
+ATTN_MATRICES = tuple(k.rsplit(".", 1)[1] for k in ATTN_KEYS)
+MLP_MATRICES = tuple(k.rsplit(".", 1)[1] for k in MLP_KEYS)
 
 #: The assignment (and parameter target) that puts everything on AdamW.
 ADAMW = "adamw"

@@ -40,6 +40,6 @@ def muon_lr(it: int, train: dict) -> float:
     return learning_rates(it, train)[1]
 
 
-def muon_lr_series(train: dict) -> list[float]:
-    """``muon_lr(t)`` for every optimizer step ``t = 0 .. max_iters - 1``."""
-    return [muon_lr(t, train) for t in range(train["max_iters"])]
+def muon_lr_series(train: dict, steps: int | None = None) -> list[float]:
+    """``muon_lr(t)`` for every optimizer step ``t = 0 .. steps - 1`` (default ``max_iters``)."""
+    return [muon_lr(t, train) for t in range(train["max_iters"] if steps is None else steps)]

@@ -54,7 +54,7 @@ from .diagnostics import ATTENTION_COLUMNS, SPECTRAL_COLUMNS, attention_stats, s
 from .io import atomic_savez, atomic_torch_save, atomic_write_json
 from .launch import launch, ranks_per_run, worker_exit, worker_started
 from .model import GPT, SIZES, GPTConfig
-from .names import parse_variant, uses_dgram, variant_name
+from .names import RETRACTIONS, parse_variant, uses_dgram, variant_name
 from .owner import claim
 from .paths import check_out_root, inside
 from .runs import (HAND_FOLDER, RESULTS_ROOT, RunFolder, assignment_spec, capture_window, check_grid,
@@ -704,7 +704,7 @@ def main(argv=None) -> int:
                          "variant with -colnorm suffix")
     ap.add_argument("--seed", type=_int_at_least(0, seed_bound()), required=True,
                     help=f"run seed, 0 to {seed_bound()} (grid.seeds' bound)")
-    ap.add_argument("--retraction", choices=["paper", "colnorm"], default=None,
+    ap.add_argument("--retraction", choices=RETRACTIONS, default=None,
                     help="DGram retraction (default: train.dgram_retraction of the config)")
     ap.add_argument("--out", default=None,
                     help=f"results root (default: {RESULTS_ROOT}, the workflow's; a run whose overrides change its "

@@ -19,6 +19,7 @@ import pandas as pd
 
 from .. import paper
 from ..io import atomic_write_text
+from ..names import ATTN_MATRICES, MLP_MATRICES
 from .tables import fmt
 
 __all__ = ["build_ledger", "write_ledger", "is_paper_scale", "capabilities", "VERDICTS"]
@@ -33,7 +34,7 @@ COLUMNS = ("id", "section", "claim", "paper", "rebuilt", "control", "verdict", "
 
 def is_paper_scale(cfg: dict) -> bool:
     m, t, d = cfg["model"], cfg["train"], cfg["data"]
-    return (m.get("size") == "gpt2" and d.get("corpus") == "openwebtext" and t["max_iters"] >= 50000
+    return (m.get("size") == "gpt2" and d.get("corpus") == "openwebtext" and t["max_iters"] >= paper.STEPS
             and len(cfg["grid"]["seeds"]) >= 1)
 
 
@@ -346,7 +347,7 @@ def _training_entries(L: _Ledger, results: pd.DataFrame, runs, cfg: dict) -> Non
         if v in res.index and res.loc[v, "cost_vs_none"] is not None:
             c = float(res.loc[v, "cost_vs_none"])
             L.add(f"cost.{v}", f"{c:.1f}x ({runs[next(iter(runs))].summary['device']})", c, seeds=nseeds, source=src)
-    attn, mlp = ("c_attn", "c_proj"), ("c_fc", "c_proj")
+    attn, mlp = ATTN_MATRICES, MLP_MATRICES
     sp_src = "spectral logs (max over matrices, last evaluation, seed mean)"
     for cid, v, module, mats in (("spectral.stiefel", "stiefel", "attn", attn), ("spectral.none_attn", "none", "attn", attn),
                                  ("spectral.none_mlp", "none", "mlp", mlp), ("spectral.dgram_mlp", "dgram", "mlp", mlp)):
@@ -407,7 +408,7 @@ def _instability_shapes(L: _Ledger, runs, nseeds: int) -> None:
 def _long_entries(L: _Ledger, runs, cfg: dict, growth_bound, nseeds: int) -> None:
     """Does the mechanism appear below paper scale? Read from the config's own runs;
     comparable only for the long config (or paper scale)."""
-    attn = ("c_attn", "c_proj")
+    attn = ATTN_MATRICES
     dg = [r for (vv, _), r in sorted(runs.items()) if vv == "dgram"]
     st = [r for (vv, _), r in sorted(runs.items()) if vv == "stiefel"]
     src = f"training runs ({cfg['name']}, {cfg['train']['max_iters']} steps)"

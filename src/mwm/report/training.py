@@ -15,9 +15,10 @@ from PIL import Image
 from .. import paper
 from ..assignments import resolve_assignment
 from ..io import atomic_write
+from ..layout import SIZES, hidden_matrix_shapes
 from ..manifolds import get_manifold
 from ..model import GPT, GPTConfig
-from ..names import ADAMW, NAMED_ASSIGNMENTS, PAPER_ASSIGNMENTS, UNCONSTRAINED, is_colnorm, parse_variant
+from ..names import ADAMW, ATTN_MATRICES, MLP_MATRICES, NAMED_ASSIGNMENTS, PAPER_ASSIGNMENTS, UNCONSTRAINED, is_colnorm, parse_variant
 from ..runs import assignment_spec
 from ..schedule import muon_lr_series
 from . import style
@@ -27,8 +28,7 @@ from .tables import write_table
 __all__ = ["training_report", "base_variants", "ablation_pairs", "aggregate_status",
            "growth_bound"]
 
-ATTN_MATS = ("c_attn", "c_proj")
-MLP_MATS = ("c_fc", "c_proj")
+ATTN_MATS, MLP_MATS = ATTN_MATRICES, MLP_MATRICES
 
 
 def base_variants(runs) -> list[str]:
@@ -331,8 +331,7 @@ def table_results(runs, out: Path, variants: list[str]) -> pd.DataFrame:
 
 
 def table_expressiveness(cfg: dict, out: Path) -> pd.DataFrame:
-    shapes = {"attn.c_attn": (768, 2304), "attn.c_proj": (768, 768), "mlp.c_fc": (768, 3072),
-              "mlp.c_proj": (3072, 768)}
+    shapes = hidden_matrix_shapes(SIZES["gpt2"]["n_embd"])
     rows = []
     for key, (m, n) in shapes.items():
         row = {"matrix (GPT-2 small)": key, "shape": f"{m}x{n}"}

@@ -42,7 +42,7 @@ from .. import paper
 from ..manifolds import get_manifold
 from ..msign import GRAM_RESTART, msign, polar_exact
 from ..names import NAMED_ASSIGNMENTS, STUDY_MANIFOLDS, UNCONSTRAINED
-from ..schedule import muon_lr
+from ..schedule import muon_lr_series
 from .common import main_for, pair_seed, read_csv, resolve_device, run_meta, write_csv, write_json
 
 __all__ = [
@@ -347,8 +347,7 @@ def audit_logit_bound(sec: dict, base_seed: int = 0) -> tuple[list[dict], dict]:
 
 def growth_bound_series(train: dict, steps: int | None = None) -> np.ndarray:
     """``eta_s`` for ``s = 0 .. steps-1`` (default ``max_iters``) from the released schedule."""
-    steps = train["max_iters"] if steps is None else steps
-    return np.array([muon_lr(s, train) for s in range(steps)], dtype=np.float64)
+    return np.array(muon_lr_series(train, steps), dtype=np.float64)
 
 
 def _msign_max_sv(d: int, gen: torch.Generator) -> dict[str, float]:
@@ -468,7 +467,7 @@ def check_spectral_log(path: str | Path, train: dict, a_norm: float = 1.0, rtol:
         recs.append({"step": step, "name": r["name"], "module": r["module"], "manifold": r["manifold"],
                      "sigma_max": sig})
     last = max((r["step"] for r in recs), default=0)
-    eta = np.array([muon_lr(s, train) for s in range(last + 1)], dtype=np.float64)
+    eta = growth_bound_series(train, last + 1)
     prefix = np.concatenate([[0.0], np.cumsum(eta)])  # prefix[t] = sum_{s < t} eta_s
     rows = []
     by_name: dict[str, list[dict]] = {}
