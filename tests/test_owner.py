@@ -52,10 +52,9 @@ def test_same_file_edited_is_a_config_change_another_file_is_refused(tmp_path, m
     assert json.loads(owner_path("results", "tiny").read_text())["config_file"] == "mine.yaml"
 
 
-def test_hand_run_of_a_copied_config_is_refused_before_writing(tmp_path, monkeypatch, capsys):
+def test_hand_run_of_a_copied_config_is_refused_before_writing(fake_data, tmp_path, monkeypatch, capsys):
     from mwm.train import main
 
-    monkeypatch.setattr("mwm.train.resolve_data", lambda cfg: fakedata.FakeData())
     monkeypatch.delenv(TAKE_OVER_ENV, raising=False)
     over = dict(train__max_iters=2, train__lr_decay_iters=2, train__eval_interval=2)
     a = fakedata.write_config(tmp_path / "a.yaml", **over)

@@ -60,9 +60,8 @@ def test_a_comparison_that_is_not_about_the_solver_is_refused(change, message):
         check_grid(grid)
 
 
-def test_report_pairs_seeds_and_reads_the_candidate_solver(tmp_path, monkeypatch):
+def test_report_pairs_seeds_and_reads_the_candidate_solver(fake_data, tmp_path):
     cfg = _config(tmp_path, GRID)
-    monkeypatch.setattr("mwm.train.resolve_data", lambda c: fakedata.FakeData())
     for variant in GRID["assignments"]:
         for seed in GRID["seeds"]:
             assert train(cfg, variant, seed, None, tmp_path / "results") == 0

@@ -193,8 +193,7 @@ def test_bad_solver_settings_are_named():
         ManifoldMuon([{"params": [p], "manifold": "stiefel"}], rho=-1.0)
 
 
-def test_capture_sequence_and_solver_study(tmp_path, monkeypatch):
-    monkeypatch.setattr("mwm.train.resolve_data", lambda cfg: fakedata.FakeData())
+def test_capture_sequence_and_solver_study(fake_data, tmp_path):
     from mwm.config import load_config
     from mwm.studies.solvers import run_solvers
 
@@ -263,11 +262,10 @@ def test_a_sequence_argument_that_is_no_run_folder_fails_before_any_work(tmp_pat
     assert not (tmp_path / "out").exists()
 
 
-def test_a_capture_training_that_diverges_is_not_captured_with_its_reason(tmp_path, monkeypatch):
+def test_a_capture_training_that_diverges_is_not_captured_with_its_reason(fake_data, tmp_path):
     """The DGram capture training overflows at once (learning rates 1e6 through train_overrides):
     the study measures Stiefel, lists DGram as "not captured" with its onset, and the
     report's table says so; with every capture diverged the files hold headers only."""
-    monkeypatch.setattr("mwm.train.resolve_data", lambda cfg: fakedata.FakeData())
     import json
 
     import pandas as pd
@@ -307,12 +305,11 @@ def test_a_capture_training_that_diverges_is_not_captured_with_its_reason(tmp_pa
         "not captured: unstable at step ").all()
 
 
-def test_grid_runs_capture_the_window_and_the_study_reads_them_without_training(tmp_path, monkeypatch):
+def test_grid_runs_capture_the_window_and_the_study_reads_them_without_training(fake_data, tmp_path, monkeypatch):
     """studies.solvers.source: grid: the grid's stiefel and dgram runs at the study's seed save
     the window while they train (other runs: an empty sequence/, the same identity); the study
     then trains nothing and measures exactly those steps. A grid run that went unstable before
     the window is "not captured" with its reason, as a capture training of its own would be."""
-    monkeypatch.setattr("mwm.train.resolve_data", lambda cfg: fakedata.FakeData())
     monkeypatch.chdir(tmp_path)  # the study reads the grid's runs under results/
     import json
 

@@ -116,7 +116,7 @@ def test_reads_a_run_being_written_without_locking(cfg, tmp_path):
     assert got[0].status == "running" and got[0].step == 5
 
 
-def test_a_real_run_logs_progress_and_reads_completed(tmp_path, monkeypatch, capsys, one_thread):
+def test_a_real_run_logs_progress_and_reads_completed(fake_data, tmp_path, capsys, one_thread):
     """The training log shows step, loss, lr, ms/step and ETA every log_interval steps, and the
     status table reads the finished run folder."""
     import fakedata
@@ -124,7 +124,6 @@ def test_a_real_run_logs_progress_and_reads_completed(tmp_path, monkeypatch, cap
 
     path = fakedata.write_config(tmp_path / "tiny.yaml", train__max_iters=8, train__log_interval=4)
     cfg = load_config(str(path))
-    monkeypatch.setattr("mwm.train.resolve_data", lambda c: fakedata.FakeData())
     assert train(cfg, "stiefel", 0, out_root=tmp_path / "results") == 0
     lines = [ln for ln in capsys.readouterr().out.splitlines() if " step " in ln and "/8 " in ln]
     assert [ln.split()[3] for ln in lines] == ["0/8", "4/8"]

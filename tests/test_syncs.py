@@ -34,7 +34,6 @@ def test_counts_the_packages_float_and_bool_reads_not_integer_ones():
 
 
 def _reads_per_step(tmp_path, monkeypatch, assignment, n_layer, grad_accum, steps=2):
-    monkeypatch.setattr("mwm.train.resolve_data", lambda cfg: fakedata.FakeData())
     path = fakedata.write_config(tmp_path / f"c{n_layer}{grad_accum}.yaml",
                                  model__n_layer=n_layer, train__grad_accum=grad_accum)
     cfg = load_config(path)
@@ -53,7 +52,7 @@ def _reads_per_step(tmp_path, monkeypatch, assignment, n_layer, grad_accum, step
 
 
 @pytest.mark.parametrize("assignment", ["none", "hetero", "dgram"])
-def test_host_reads_per_step_do_not_grow_with_depth_or_micro_batches(tmp_path, monkeypatch, assignment):
+def test_host_reads_per_step_do_not_grow_with_depth_or_micro_batches(fake_data, tmp_path, monkeypatch, assignment):
     base = _reads_per_step(tmp_path, monkeypatch, assignment, n_layer=1, grad_accum=1)
     deeper = _reads_per_step(tmp_path, monkeypatch, assignment, n_layer=3, grad_accum=1)
     accumulated = _reads_per_step(tmp_path, monkeypatch, assignment, n_layer=1, grad_accum=3)

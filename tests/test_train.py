@@ -295,14 +295,15 @@ def test_config_errors_fail_before_any_data_is_read(tmp_path, monkeypatch, capsy
     assert rc == 2 and "grid.custom.mine" in err and "match no hidden matrix" in err and not d.exists()
 
 
-def test_full_disk_at_a_checkpoint_is_named_in_the_summary_and_the_run_resumes(tmp_path, monkeypatch, capsys):
+def test_full_disk_at_a_checkpoint_is_named_in_the_summary_and_the_run_resumes(tmp_path, capsys):
     """The second checkpoint (step 8) hits a full disk: summary.json says "No space left on
     device" (not PyTorch's "unexpected pos"), the job ends with one line, the checkpoint of
     step 4 is intact and the next start resumes from it."""
     from test_io import full_disk_for
 
-    failed = full_disk_for(monkeypatch, ".ckpt.pt.", after=1)
-    rc, run = run_inprocess(tmp_path, "stiefel")
+    with pytest.MonkeyPatch.context() as disk:  # the full disk only; the fake data stays
+        failed = full_disk_for(disk, ".ckpt.pt.", after=1)
+        rc, run = run_inprocess(tmp_path, "stiefel")
     err = capsys.readouterr().err
     assert failed and rc == 1
     assert "No space left on device" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
@@ -312,8 +313,6 @@ def test_full_disk_at_a_checkpoint_is_named_in_the_summary_and_the_run_resumes(t
     ck = torch.load(tmp_path / "out" / "checkpoints" / "tiny" / "stiefel" / "seed0" / "ckpt.pt", weights_only=True)
     assert ck["step"] == 4
 
-    monkeypatch.undo()
-    monkeypatch.setattr("mwm.train.resolve_data", lambda cfg: fakedata.FakeData())
     rc, run = run_inprocess(tmp_path, "stiefel")
     assert rc == 0 and "resumed from" in capsys.readouterr().out
     s = json.loads((run / "summary.json").read_text())
