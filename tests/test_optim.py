@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from mwm.assignments import build_optimizers, resolve_assignment
+from mwm.assignments import build_optimizers
 from mwm.dual_ascent import manifold_muon_update
 from mwm.manifolds import get_manifold
 from mwm.msign import msign
@@ -56,39 +56,6 @@ def train(model, opts, steps=3):
         opts.zero_grad()
         loss_of(model, s).backward()
         opts.step()
-
-
-def test_named_assignments_map_attention_and_mlp():
-    model = Tiny()
-    plan = resolve_assignment(dict(model.named_parameters()), "hetero")
-    assert plan["transformer.h.0.attn.c_attn.weight"] == "stiefel"
-    assert plan["transformer.h.1.mlp.c_proj.weight"] == "dgram"
-    assert plan["transformer.wte.weight"] == "adamw"
-    assert plan["transformer.h.0.ln_1.weight"] == "adamw"
-    inv = resolve_assignment(dict(model.named_parameters()), "hetero-inv")
-    assert inv["transformer.h.0.attn.c_proj.weight"] == "dgram"
-    assert all(v == "adamw" for v in resolve_assignment(dict(model.named_parameters()), "adamw").values())
-
-
-def test_pattern_mapping_per_layer():
-    model = Tiny()
-    plan = resolve_assignment(
-        dict(model.named_parameters()),
-        {"transformer.h.0.attn.*": "stiefel", "*.mlp.c_fc.*": "oblique"},
-    )
-    assert plan["transformer.h.0.attn.c_attn.weight"] == "stiefel"
-    assert plan["transformer.h.1.attn.c_attn.weight"] == "none"
-    assert plan["transformer.h.1.mlp.c_fc.weight"] == "oblique"
-
-
-def test_unknown_assignment_and_dead_pattern_are_errors():
-    params = dict(Tiny().named_parameters())
-    with pytest.raises(ValueError, match="unknown assignment 'heter'.*hetero-inv"):
-        resolve_assignment(params, "heter")
-    with pytest.raises(ValueError, match=r"match no hidden matrix"):
-        resolve_assignment(params, {"*.attn.q_proj.*": "stiefel"})
-    with pytest.raises(ValueError, match="unknown manifold 'spd'"):
-        resolve_assignment(params, {"*.attn.*": "spd"})
 
 
 @pytest.mark.parametrize("assignment", [a for a in NAMED_ASSIGNMENTS if a != "adamw"])

@@ -138,38 +138,3 @@ def test_a_run_that_is_not_the_configs_own_is_refused_naming_the_keys(results, t
     p.write_text(json.dumps(dict(s, config_hash="0123456789abcdef")))
     with pytest.raises(ReportError, match="config_hash 0123456789abcdef is not the config's"):
         build(cfg, copy, tmp_path / "pf4")
-
-
-# -- verdict rules (mwm.paper) ------------------------------------------------------------------
-
-def test_rules_decide_comparability_before_the_data():
-    c = paper.claim("loss.hetero")  # needs paper scale
-    for x in (c.value, c.value + 1.0):  # in and out of the window alike
-        assert paper.judge(c, x, caps={"any"}, seeds=3)[0] == paper.NC
-    assert paper.judge(c, c.value, caps={"any", "paper"}, seeds=1)[0] == "reproduced"
-    assert paper.judge(c, c.value + 1.0, caps={"any", "paper"}, seeds=1)[0] == "not reproduced"
-    assert paper.judge(c, None, caps={"any", "paper"})[0] == paper.NC
-
-
-def test_loss_ordering_needs_three_seeds_and_a_gap_above_the_spread():
-    c = paper.claim("loss.order")
-    ok = {"hetero": [3.30, 3.31, 3.30], "stiefel": [3.40, 3.41, 3.40], "none": [3.50, 3.51, 3.50]}
-    assert paper.judge(c, ok)[0] == "reproduced"
-    rev = {"hetero": ok["none"], "stiefel": ok["stiefel"], "none": ok["hetero"]}
-    assert paper.judge(c, rev)[0] == "not reproduced"  # symmetric: a resolved wrong order is a finding
-    two = {k: v[:2] for k, v in ok.items()}
-    assert paper.judge(c, two)[0] == paper.TOO_FEW
-    noisy = {"hetero": [3.30, 3.45, 3.38], "stiefel": [3.40, 3.41, 3.40], "none": [3.50, 3.51, 3.50]}
-    verdict, why = paper.judge(c, noisy)
-    assert verdict == paper.TOO_FEW and "spread" in why
-
-
-def test_every_claim_has_a_section_a_paper_value_and_a_stated_rule():
-    ids = [c.id for c in paper.CLAIMS]
-    assert len(ids) == len(set(ids))
-    for c in paper.CLAIMS:
-        assert c.section and c.paper and c.rule.describe(), c.id
-        if c.rule.kind == "window":
-            assert c.rule.lo <= c.rule.hi, c.id
-        if c.rule.needs != "any":
-            assert c.rebuild, c.id  # a row that cannot be rebuilt here names the config that can
