@@ -20,6 +20,7 @@ from mwm.dual_ascent import dual_ascent
 from mwm.manifolds import get_manifold, retract_dgram_svd
 from mwm.names import NAMED_ASSIGNMENTS
 from mwm.optim import ManifoldMuon
+from mwm.solvers import SolverSettings
 
 from released_path import released_step
 
@@ -80,7 +81,7 @@ def step_times(setups, x, warmup, steps):
 
 def time_ours(names, weights, grads, mfs, lr, steps):
     params, groups = muon_groups(names, weights, mfs)
-    opt = ManifoldMuon(groups, lr=lr, dual_steps=steps, alpha=0.1, init_on_manifold=False)
+    opt = ManifoldMuon(groups, lr=lr, init_on_manifold=False, solver=SolverSettings.defaults(steps=steps, alpha=0.1))
     for p, g in zip(params, grads):
         p.grad = g.clone()
     t = time.perf_counter()

@@ -30,6 +30,7 @@ from mwm.assignments import build_optimizers
 from mwm.config import load_config
 from mwm.model import GPT, GPTConfig
 from mwm.optim import ManifoldMuon
+from mwm.solvers import SolverSettings
 from mwm.studies.solvers import (candidates, capture_sequences, load_sequence, measure_sequence, parse_candidate,
                                  summarise)
 
@@ -72,15 +73,16 @@ def _mini(args, assignment, solver, separate=False):
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=args.vocab, block_size=args.block, n_layer=args.layers_mini, n_head=4,
                           n_embd=args.embd))
-    opts = build_optimizers(model, assignment, dual_steps=solver["steps"], **_solver_opts(solver))
+    opts = build_optimizers(model, assignment, solver=_settings(solver))
     if separate:  # the old layout: one bank per manifold (a distinct group key keeps them apart)
         for g in opts.muon.param_groups:
             g["bank_tag"] = g["manifold"]
     return model, opts
 
 
-def _solver_opts(c):
-    return dict(solver=c["solver"], warm_start=c["warm"], solver_tol=c["tol"], rho=c["rho"] or 1.0)
+def _settings(c):
+    return SolverSettings.defaults(solver=c["solver"], steps=c["steps"], warm_start=c["warm"], tol=c["tol"],
+                                   rho=c["rho"] or 1.0)
 
 
 def part_hetero(args, base):
@@ -104,8 +106,7 @@ def part_gpt2(args, solvers):
     def opt_for(assignment, solver):
         names, weights, grads, mfs = make_problem(args.layers, assignment)
         params, groups = muon_groups(names, weights, mfs)
-        opt = ManifoldMuon(groups, lr=0.02, dual_steps=solver["steps"], alpha=0.1,
-                           init_on_manifold=False, **_solver_opts(solver))
+        opt = ManifoldMuon(groups, lr=0.02, init_on_manifold=False, solver=_settings(solver))
         return opt, params, grads
 
     gen = torch.Generator().manual_seed(3)

@@ -16,6 +16,7 @@ import fakedata
 from mwm.assignments import build_optimizers
 from mwm.manifolds import get_manifold
 from mwm.model import GPT, GPTConfig
+from mwm.solvers import SolverSettings
 from mwm.optim import ManifoldMuon
 from mwm.train import main
 
@@ -25,8 +26,8 @@ BIG = 1e20  # finite, but its squares overflow float32: a Gram matrix of it is I
 def muon(manifold, retraction="paper", shape=(24, 8), lr=0.02):
     torch.manual_seed(0)
     p = torch.nn.Parameter(torch.randn(*shape))
-    opt = ManifoldMuon([{"params": [p], "names": ["w"], "manifold": manifold}], lr=lr, dual_steps=3,
-                       dgram_retraction=retraction)
+    opt = ManifoldMuon([{"params": [p], "names": ["w"], "manifold": manifold}], lr=lr,
+                       dgram_retraction=retraction, solver=SolverSettings.defaults(steps=3))
     p.grad = torch.randn(*shape)
     return p, opt
 

@@ -163,6 +163,7 @@ def test_bf16_precision_threads_through_dual_ascent_retraction_and_optimizer():
     from mwm.dual_ascent import dual_ascent, manifold_muon_update
     from mwm.manifolds import get_manifold, rms
     from mwm.optim import ManifoldMuon
+    from mwm.solvers import SolverSettings
 
     g = torch.Generator().manual_seed(7)
     W = polar_exact(torch.randn(3, 96, 32, generator=g))
@@ -181,8 +182,8 @@ def test_bf16_precision_threads_through_dual_ascent_retraction_and_optimizer():
         assert lo <= resid < hi, (p, resid)
     w = torch.nn.Parameter(W[0].clone())
     with pytest.raises(ValueError, match="precision"):
-        ManifoldMuon([{"params": [w], "manifold": "stiefel"}], msign_precision="half")
-    opt = ManifoldMuon([{"params": [w], "manifold": "stiefel"}], msign_precision="bfloat16")
+        SolverSettings.defaults(precision="half")
+    opt = ManifoldMuon([{"params": [w], "manifold": "stiefel"}], solver=SolverSettings.defaults(precision="bfloat16"))
     w.grad = G[0].clone()
     opt.step()
     assert bool(torch.isfinite(w).all()) and not torch.equal(w.detach(), W[0])

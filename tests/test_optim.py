@@ -11,6 +11,7 @@ from mwm.msign import msign
 from mwm.names import NAMED_ASSIGNMENTS
 from mwm import optim as optim_mod
 from mwm.optim import ManifoldMuon
+from mwm.solvers import SolverSettings
 
 
 class Block(nn.Module):
@@ -62,7 +63,7 @@ def train(model, opts, steps=3):
 def test_constrained_weights_start_and_stay_on_manifold(assignment):
     torch.manual_seed(0)
     model = Tiny()
-    opts = build_optimizers(model, assignment, dual_steps=5)
+    opts = build_optimizers(model, assignment, solver=SolverSettings.defaults(steps=5))
     train(model, opts)
     for name, p in model.named_parameters():
         mf = opts.assignment[name]
@@ -76,7 +77,8 @@ def test_optimizer_matches_reference_math_for_one_step():
     G = torch.randn(24, 8)
     for mf in ["none", "stiefel", "dgram"]:
         p = nn.Parameter(W0.clone())
-        opt = ManifoldMuon([{"params": [p], "manifold": mf}], lr=0.05, weight_decay=0.1, dual_steps=7)
+        opt = ManifoldMuon([{"params": [p], "manifold": mf}], lr=0.05, weight_decay=0.1,
+                           solver=SolverSettings.defaults(steps=7))
         start = p.detach().clone()
         p.grad = G.clone()
         opt.step()
@@ -97,9 +99,9 @@ def test_banks_equal_unbatched_updates(mf):
     ws = [torch.randn(*s) for s in shapes]
     gs = [torch.randn(*s) for s in shapes]
     ps = [nn.Parameter(w.clone()) for w in ws]
-    opt = ManifoldMuon([{"params": ps, "manifold": mf}], dual_steps=6)
+    opt = ManifoldMuon([{"params": ps, "manifold": mf}], solver=SolverSettings.defaults(steps=6))
     singles = [nn.Parameter(w.clone()) for w in ws]
-    opts1 = [ManifoldMuon([{"params": [q], "manifold": mf}], dual_steps=6) for q in singles]
+    opts1 = [ManifoldMuon([{"params": [q], "manifold": mf}], solver=SolverSettings.defaults(steps=6)) for q in singles]
     for _ in range(2):
         for p, q, g in zip(ps, singles, gs):
             p.grad, q.grad = g.clone(), g.clone()
@@ -117,10 +119,10 @@ def test_banks_equal_unbatched_updates(mf):
 def test_state_dict_round_trip_is_exact():
     torch.manual_seed(3)
     model = Tiny()
-    opts = build_optimizers(model, "hetero", dual_steps=4)
+    opts = build_optimizers(model, "hetero", solver=SolverSettings.defaults(steps=4))
     train(model, opts, steps=2)
     clone = copy.deepcopy(model)
-    opts2 = build_optimizers(clone, "hetero", dual_steps=4, init_on_manifold=False)
+    opts2 = build_optimizers(clone, "hetero", solver=SolverSettings.defaults(steps=4), init_on_manifold=False)
     opts2.load_state_dict(copy.deepcopy(opts.state_dict()))
     train(model, opts, steps=2)
     train(clone, opts2, steps=2)
@@ -134,7 +136,7 @@ def test_state_dict_round_trip_is_exact():
 def test_nan_gradient_raises_and_writes_nothing():
     torch.manual_seed(4)
     model = Tiny()
-    opts = build_optimizers(model, "stiefel", dual_steps=3)
+    opts = build_optimizers(model, "stiefel", solver=SolverSettings.defaults(steps=3))
     train(model, opts, steps=1)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     buffers = {k: v["momentum_buffer"].clone() for k, v in opts.muon.state_dict()["state"].items()}

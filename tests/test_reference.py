@@ -24,6 +24,7 @@ import torch
 
 import reference as ref
 from mwm.optim import ManifoldMuon
+from mwm.solvers import SolverSettings
 
 #: max relative Frobenius distance, per matrix, between optimizer and reference (see above)
 TOL = 1e-4
@@ -53,8 +54,8 @@ def run(assignment: str, kind: str, seed: int = 0, ref_manifolds=None, ref_kind=
     for p, name in zip(params, manifolds):
         groups.setdefault(name, []).append(p)
     opt = ManifoldMuon([dict(params=ps, manifold=name) for name, ps in groups.items()], lr=ETA, momentum=MU,
-                       nesterov=True, alpha=ALPHA, dual_steps=DUAL_STEPS, dgram_retraction=kind,
-                       msign_precision="float32")
+                       nesterov=True, dgram_retraction=kind,
+                       solver=SolverSettings.defaults(alpha=ALPHA, steps=DUAL_STEPS, precision="float32"))
 
     # the optimizer moved its weights onto the manifolds at construction
     Ws = [p.detach().double().numpy() for p in params]

@@ -11,7 +11,7 @@ from mwm.assignments import build_optimizers
 from mwm.dual_ascent import MixedProjector, dual_ascent
 from mwm.manifolds import get_manifold
 from mwm.optim import ManifoldMuon, _split_by_work
-from mwm.solvers import admm, clip_spectral, solve
+from mwm.solvers import SolverSettings, admm, clip_spectral, solve
 from test_optim import Tiny, loss_of, train
 
 
@@ -94,25 +94,25 @@ def test_admm_converges_to_the_dual_ascent_solution(name):
     big = admm(W, 1000 * G, name, rho=1.0, steps=40)
     assert rel(big.A, res.A) < 1e-4
     assert rel(big.Lambda, 1000 * res.Lambda) < 1e-4
-    with pytest.raises(ValueError, match="unknown inner solver"):
+    with pytest.raises(TypeError, match="solve takes a SolverSettings, got str"):
         solve(W, G, name, "newton")
 
 
 def _tiny_opts(seed=0, **solver):
     torch.manual_seed(seed)
     model = Tiny()
-    return model, build_optimizers(model, "hetero", dual_steps=4, **solver)
+    return model, build_optimizers(model, "hetero", solver=SolverSettings.defaults(steps=4, **solver))
 
 
 @pytest.mark.parametrize("solver", [dict(warm_start=True), dict(warm_start=True, solver="admm", rho=2.0),
-                                    dict(warm_start=True, solver_tol=1e-3)])
+                                    dict(warm_start=True, tol=1e-3)])
 def test_warm_state_round_trips_exactly(solver):
     model, opts = _tiny_opts(**solver)
     train(model, opts, steps=2)
     duals = [s["dual"] for s in opts.muon.state.values() if "dual" in s]
     assert len(duals) == 8 and all(d.shape == (8, 8) for d in duals)
     clone = copy.deepcopy(model)
-    opts2 = build_optimizers(clone, "hetero", dual_steps=4, init_on_manifold=False, **solver)
+    opts2 = build_optimizers(clone, "hetero", init_on_manifold=False, solver=SolverSettings.defaults(steps=4, **solver))
     opts2.load_state_dict(copy.deepcopy(opts.state_dict()))
     train(model, opts, steps=2)
     train(clone, opts2, steps=2)
@@ -138,13 +138,13 @@ PER_LAYER = {"transformer.h.0.mlp.*": "stiefel", "transformer.h.1.mlp.*": "dgram
 def test_equal_shapes_of_both_manifolds_share_one_bank_and_match_separate_optimizers():
     torch.manual_seed(0)
     model = Tiny()
-    opts = build_optimizers(model, PER_LAYER, dual_steps=4)
+    opts = build_optimizers(model, PER_LAYER, solver=SolverSettings.defaults(steps=4))
     loss_of(model).backward()
     banks = [b for b in opts.muon._plan() if b[0][0]["manifold"] != "none"]
     assert len(banks) == 1 and sorted(g["manifold"] for g, _ in banks[0]) == ["dgram"] * 2 + ["stiefel"] * 2
     torch.manual_seed(0)
     ref = Tiny()
-    ref_opts = build_optimizers(ref, PER_LAYER, dual_steps=4)
+    ref_opts = build_optimizers(ref, PER_LAYER, solver=SolverSettings.defaults(steps=4))
     separate = [ManifoldMuon([dict(g)], init_on_manifold=False) for g in ref_opts.muon.param_groups]
     for s in range(2):
         for m in (model, ref):
@@ -175,7 +175,7 @@ def test_work_split_is_balanced_and_contiguous():
     assert _split_by_work([1.0, 2.0], 1) == [0, 0]
     torch.manual_seed(0)
     model = Tiny()
-    opts = build_optimizers(model, "stiefel", dual_steps=4)
+    opts = build_optimizers(model, "stiefel", solver=SolverSettings.defaults(steps=4))
     loss_of(model).backward()
     assert len(opts.muon._plan()) == 1  # one padded bank of 8 matrices: split in two
     opts.muon.shard(1, 2)
@@ -184,13 +184,36 @@ def test_work_split_is_balanced_and_contiguous():
 
 
 def test_bad_solver_settings_are_named():
-    p = nn.Parameter(torch.randn(8, 4))
-    with pytest.raises(ValueError, match="unknown solver 'newton'"):
-        ManifoldMuon([{"params": [p], "manifold": "stiefel"}], solver="newton")
+    with pytest.raises(ValueError, match="unknown inner solver 'newton'; choose one of dual_ascent, admm"):
+        SolverSettings.defaults(solver="newton")
     with pytest.raises(ValueError, match="solver_tol must be > 0"):
-        ManifoldMuon([{"params": [p], "manifold": "stiefel"}], solver_tol=0.0)
+        SolverSettings.defaults(tol=0.0)
     with pytest.raises(ValueError, match="rho must be > 0"):
-        ManifoldMuon([{"params": [p], "manifold": "stiefel"}], rho=-1.0)
+        SolverSettings.defaults(rho=-1.0)
+    with pytest.raises(ValueError, match="steps >= 1"):
+        SolverSettings.defaults(steps=0)
+    # a param group that sets its own bad value is refused naming the group
+    p = nn.Parameter(torch.randn(8, 4))
+    with pytest.raises(ValueError, match="param group 0: rho must be > 0"):
+        ManifoldMuon([{"params": [p], "manifold": "stiefel", "rho": 0.0}])
+    with pytest.raises(TypeError, match="solver is a SolverSettings"):
+        ManifoldMuon([{"params": [p], "manifold": "stiefel"}], solver="admm")
+
+
+def test_settings_come_from_the_train_section_and_the_schema_holds_the_defaults():
+    from mwm.config import defaults
+    from mwm.names import SOLVERS
+    from mwm.solvers import _SOLVE
+
+    s = SolverSettings.defaults()
+    assert (s.solver, s.alpha, s.steps, s.tol, s.warm_start) == ("dual_ascent", 0.1, 20, None, False)  # the paper's
+    train = dict(defaults("train"), solver="admm", solver_max_steps=2, admm_rho=2.0, warm_start=True,
+                 msign_precision="bfloat16")
+    t = SolverSettings.from_train(train)
+    assert (t.solver, t.steps, t.rho, t.warm_start, t.precision) == ("admm", 2, 2.0, True, "bfloat16")
+    assert SolverSettings.from_train(dict(train, solver_max_steps=None)).steps == train["dual_ascent_steps"]
+    assert SolverSettings.of_group(t.group()) == t  # the optimizer's plain group entries hold them all
+    assert tuple(_SOLVE) == SOLVERS
 
 
 def test_capture_sequence_and_solver_study(fake_data, tmp_path):

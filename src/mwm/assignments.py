@@ -24,6 +24,7 @@ import torch
 from .layout import match_patterns
 from .names import ADAMW, ATTN_KEYS, MLP_KEYS, NAMED_ASSIGNMENTS
 from .optim import MUON_MANIFOLDS, ManifoldMuon
+from .solvers import SolverSettings
 
 __all__ = [
     "module_kind",
@@ -181,21 +182,17 @@ def build_optimizers(
     weight_decay: float = 0.1,
     muon_lr: float = 0.02,
     momentum: float = 0.95,
-    alpha: float = 0.1,
-    dual_steps: int = 20,
     dgram_retraction: str = "paper",
-    msign_steps: int = 10,
     init_on_manifold: bool = True,
-    msign_precision: str = "float32",
-    **solver_opts,
+    solver: SolverSettings | None = None,
 ) -> Optimizers:
     """Split ``model``'s parameters as the paper does and build both optimizers.
 
     AdamW: 2-D non-hidden weights with ``weight_decay``, the rest without.
     Muon: one group per manifold; plain Muon gets ``weight_decay``, the
     constrained groups get none (it would push them off the manifold).
-    ``solver_opts``: the inner-solver settings of :class:`ManifoldMuon` (``solver``,
-    ``solver_tol``, ``warm_start``, ``rho``).
+    ``solver``: the inner solve's settings and every msign's (:class:`~mwm.solvers.SolverSettings`;
+    None: the schema's defaults).
     """
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     plan = resolve_assignment(named, assignment)
@@ -219,10 +216,6 @@ def build_optimizers(
              "weight_decay": weight_decay if mf == "none" else 0.0}
             for mf, (names, params) in sorted(muon_groups.items())
         ]
-        muon = ManifoldMuon(
-            groups, lr=muon_lr, momentum=momentum, alpha=alpha, dual_steps=dual_steps,
-            dgram_retraction=dgram_retraction, msign_steps=msign_steps, init_on_manifold=init_on_manifold,
-            msign_precision=msign_precision,
-            **solver_opts,
-        )
+        muon = ManifoldMuon(groups, lr=muon_lr, momentum=momentum, dgram_retraction=dgram_retraction,
+                            init_on_manifold=init_on_manifold, solver=solver)
     return Optimizers(muon=muon, adamw=adamw, assignment=plan, _named=named)

@@ -46,6 +46,7 @@ __all__ = [
     "check_size",
     "schema_node",
     "seed_bound",
+    "defaults",
 ]
 
 SCHEMA_DIR = Path(__file__).with_name("schema")
@@ -186,6 +187,16 @@ def schema_node(dotted: str) -> dict:
     for part in dotted.split("."):
         node = node["properties"][part]
     return node
+
+
+@functools.lru_cache(maxsize=None)
+def _defaults_json() -> str:
+    return json.dumps(validate({"name": "defaults"}))
+
+
+def defaults(section: str) -> dict:
+    """The schema's defaults of one config section (a fresh copy): the one home of every default."""
+    return json.loads(_defaults_json())[section]
 
 
 def seed_bound() -> int:

@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import torch
 
+from . import names
+
 __all__ = [
     "POLAR_EXPRESS_COEFFS",
     "SAFETY",
@@ -82,8 +84,8 @@ GRAM_RESTART = 3
 #: Matrices narrower than this stay in the direct order (see :func:`choose_order`).
 GRAM_MIN_N = 128
 _EPS = 1e-7
-#: msign precisions: ``bfloat16`` is the released code's, ``float32`` the control.
-PRECISIONS = ("float32", "bfloat16")
+#: msign precisions: ``bfloat16`` is the released code's, ``float32`` the control (:data:`mwm.names.PRECISIONS`).
+PRECISIONS = names.PRECISIONS
 
 
 def check_precision(precision: str) -> str:

@@ -38,6 +38,8 @@ __all__ = [
     "PAPER_ASSIGNMENTS",
     "UNCONSTRAINED",
     "RETRACTIONS",
+    "SOLVERS",
+    "PRECISIONS",
     "COLNORM_SUFFIX",
     "STUDY_MANIFOLDS",
     "assignment_pair",
@@ -74,6 +76,10 @@ UNCONSTRAINED = ("none", ADAMW)
 
 #: DGram retractions: the paper's, and the column-norm one of the ablation.
 RETRACTIONS = ("paper", "colnorm")
+#: Manifold Muon's inner solvers (:mod:`mwm.solvers`): the paper's dual ascent, and ADMM.
+SOLVERS = ("dual_ascent", "admm")
+#: msign precisions (:mod:`mwm.msign`): ``float32``, and ``bfloat16`` as the released code runs it.
+PRECISIONS = ("float32", "bfloat16")
 #: What a variant trained with the column-norm retraction appends to its assignment name.
 COLNORM_SUFFIX = "-colnorm"
 

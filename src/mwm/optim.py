@@ -14,15 +14,13 @@ one batched call; Stiefel and DGram matrices of equal (padded) shape share a ban
 (one solve with a per-matrix projector mask, :class:`~mwm.dual_ascent.MixedProjector`),
 e.g. a per-layer assignment of one module kind.
 
-Inner solver (per group): ``solver`` (``dual_ascent``, the paper's, or ``admm``,
-:mod:`mwm.solvers`), ``dual_steps`` (the iteration cap), ``solver_tol`` (stop a
-matrix once ``||P(W^T A + A^T W)||_RMS`` is below it; ``None``: always run
-``dual_steps``), ``warm_start`` (start from the matrix's final multiplier of the
-previous step, kept as ``state["dual"]`` in the tall orientation and therefore in
-``state_dict``) and ``rho`` (ADMM's penalty). The defaults are the paper's:
-cold-started dual ascent, 20 steps, alpha 0.1. ``msign_precision`` (``float32``, or
-``bfloat16`` as released) is the precision of every msign (Muon, the inner solver,
-the Stiefel retraction).
+Inner solver: one :class:`~mwm.solvers.SolverSettings` (``solver=``; default: the
+schema's, the paper's cold-started 20-step dual ascent with alpha 0.1), held in each
+param group as plain entries (``SolverSettings.group``) so a group may differ. With
+``warm_start`` each matrix starts from its final multiplier of the previous step, kept
+as ``state["dual"]`` in the tall orientation and therefore in ``state_dict``. Its
+``precision`` (``float32``, or ``bfloat16`` as released) is that of every msign (Muon,
+the inner solver, the Stiefel retraction), its ``msign_steps`` their step count.
 
 Values are checked wherever a divergence first shows: the gradients (before
 anything is written), the momentum and update direction, the weight before the
@@ -46,8 +44,8 @@ from collections import defaultdict
 import torch
 
 from .manifolds import DGRAM_RETRACTIONS, MANIFOLDS, get_manifold, to_tall
-from .msign import DEFAULT_STEPS, check_precision, msign
-from .solvers import SOLVERS, solve
+from .msign import msign
+from .solvers import SolverSettings, solve
 
 __all__ = ["ManifoldMuon", "MUON_MANIFOLDS", "momentum_direction", "muon_update"]
 
@@ -70,31 +68,22 @@ class ManifoldMuon(torch.optim.Optimizer):
         momentum: float = 0.95,
         nesterov: bool = True,
         weight_decay: float = 0.0,
-        alpha: float = 0.1,
-        dual_steps: int = 20,
         dgram_retraction: str = "paper",
-        msign_steps: int = DEFAULT_STEPS,
-        method: str = "auto",
         manifold: str = "none",
         init_on_manifold: bool = True,
-        msign_precision: str = "float32",
-        solver: str = "dual_ascent",
-        solver_tol: float | None = None,
-        warm_start: bool = False,
-        rho: float = 1.0,
+        solver: SolverSettings | None = None,
     ):
         if lr < 0:
             raise ValueError(f"lr must be >= 0, got {lr}")
         if not 0.0 <= momentum < 1.0:
             raise ValueError(f"momentum must be in [0, 1), got {momentum}")
-        if dual_steps < 1:
-            raise ValueError(f"dual_steps must be >= 1, got {dual_steps}")
+        if solver is None:
+            solver = SolverSettings.defaults()
+        if not isinstance(solver, SolverSettings):
+            raise TypeError(f"ManifoldMuon's solver is a SolverSettings, got {type(solver).__name__}")
         defaults = dict(
-            lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay, alpha=alpha,
-            dual_steps=dual_steps, dgram_retraction=dgram_retraction, msign_steps=msign_steps,
-            method=method, manifold=manifold, names=None, msign_precision=msign_precision,
-            solver=solver, solver_tol=solver_tol,
-            warm_start=warm_start, rho=rho,
+            lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
+            dgram_retraction=dgram_retraction, manifold=manifold, names=None, **solver.group(),
         )
         super().__init__(params, defaults)
         self._rank, self._world = 0, 1
@@ -109,14 +98,10 @@ class ManifoldMuon(torch.optim.Optimizer):
                     f"param group {gi}: unknown dgram_retraction {group['dgram_retraction']!r}; "
                     f"choose one of {', '.join(DGRAM_RETRACTIONS)}"
                 )
-            check_precision(group["msign_precision"])
-            if group["solver"] not in SOLVERS:
-                raise ValueError(f"param group {gi}: unknown solver {group['solver']!r}; "
-                                 f"choose one of {', '.join(SOLVERS)}")
-            if group["solver_tol"] is not None and not group["solver_tol"] > 0:
-                raise ValueError(f"param group {gi}: solver_tol must be > 0 or None, got {group['solver_tol']}")
-            if not group["rho"] > 0:
-                raise ValueError(f"param group {gi}: rho must be > 0, got {group['rho']}")
+            try:
+                SolverSettings.of_group(group)
+            except ValueError as exc:
+                raise ValueError(f"param group {gi}: {exc}") from None
             names = group["names"]
             if names is not None and len(names) != len(group["params"]):
                 raise ValueError(f"param group {gi}: {len(names)} names for {len(group['params'])} params")
@@ -333,22 +318,18 @@ def muon_update(W: torch.Tensor, U: torch.Tensor, group: dict, manifolds: list[s
     multipliers (else None). ``check(X, what)`` may refuse an intermediate value (the
     weight before the retraction, the multipliers) by raising."""
     lr = group["lr"]
+    settings = SolverSettings.of_group(group)
     if group["manifold"] == "none":
         if group["weight_decay"]:
             W.mul_(1.0 - lr * group["weight_decay"])
-        W.add_(msign(U, steps=group["msign_steps"], precision=group["msign_precision"]), alpha=-lr)
+        W.add_(msign(U, steps=settings.msign_steps, precision=settings.precision), alpha=-lr)
         return W, None
     kinds = sorted(set(manifolds))
-    res = solve(
-        W, U, kinds[0] if len(kinds) == 1 else manifolds, group["solver"],
-        alpha=group["alpha"], rho=group["rho"], steps=group["dual_steps"], tol=group["solver_tol"],
-        method=group["method"], msign_steps=group["msign_steps"], Lambda0=Lambda0,
-        precision=group["msign_precision"],
-    )
+    res = solve(W, U, kinds[0] if len(kinds) == 1 else manifolds, settings, Lambda0=Lambda0)
     pre = W - lr * res.A
     if check is not None:
         check(pre, "weight before the retraction")
-    prec = group["msign_precision"]
+    prec = settings.precision
     if len(kinds) == 1:
         W = get_manifold(kinds[0], group["dgram_retraction"]).retract(pre, precision=prec)
     else:
@@ -356,7 +337,7 @@ def muon_update(W: torch.Tensor, U: torch.Tensor, group: dict, manifolds: list[s
         for name in kinds:
             idx = _index_of(tuple(manifolds), name, pre.device)
             W[idx] = get_manifold(name, group["dgram_retraction"]).retract(pre[idx], precision=prec)
-    if not group["warm_start"]:
+    if not settings.warm_start:
         return W, None
     if check is not None:
         check(res.Lambda, "inner-solver multiplier")

@@ -33,26 +33,105 @@ whose solution is ``A = msign(G + 2 W Lambda)`` at the optimal multiplier.
 Both take a warm-start multiplier ``Lambda0`` and a tolerance ``tol`` on
 ``||P(W^T A + A^T W)||_RMS`` (per matrix), and return a
 :class:`~mwm.dual_ascent.DualAscentResult` with the final multiplier.
+
+:class:`SolverSettings` holds a solve's settings: built once from a config's ``train``
+section (:meth:`SolverSettings.from_train`; the schema is the one home of the defaults,
+:meth:`SolverSettings.defaults`) and passed whole to the optimizer and to :func:`solve`.
 """
 
 from __future__ import annotations
 
-from typing import Iterable
+import dataclasses
+from dataclasses import dataclass
+from typing import Iterable, Mapping
 
 import torch
 
-from .dual_ascent import DualAscentResult, _as_manifold, _check_inputs, _result, dual_ascent
+from . import names
+from .dual_ascent import METHODS, DualAscentResult, _as_manifold, _check_inputs, _result, dual_ascent
 from .manifolds import rms, to_tall
-from .msign import DEFAULT_STEPS, msign
+from .msign import DEFAULT_STEPS, check_precision, msign
 
-__all__ = ["SOLVERS", "admm", "clip_spectral", "solve", "msign_per_iteration"]
+__all__ = ["SOLVERS", "SolverSettings", "admm", "clip_spectral", "solve", "msign_per_iteration"]
 
-SOLVERS = ("dual_ascent", "admm")
+SOLVERS = names.SOLVERS
+
+
+@dataclass(frozen=True)
+class SolverSettings:
+    """The settings of one inner solve, checked when made.
+
+    ``solver``: ``dual_ascent`` or ``admm``; ``alpha``: dual ascent's step; ``steps``: the
+    iteration cap (dual ascent's ``T`` in ``alpha (1 - t/T)``); ``tol``: per-matrix stop at
+    ``||H||_RMS < tol`` (None: always ``steps``); ``rho``: ADMM's penalty; ``warm_start``: start
+    from the previous step's multiplier (the optimizer keeps it); ``msign_steps`` and
+    ``precision``: every msign's; ``method``: dual ascent's evaluation order.
+    """
+
+    solver: str
+    alpha: float
+    steps: int
+    tol: float | None
+    rho: float
+    warm_start: bool
+    msign_steps: int
+    precision: str
+    method: str = "auto"
+
+    def __post_init__(self):
+        if self.solver not in SOLVERS:
+            raise ValueError(f"unknown inner solver {self.solver!r}; choose one of {', '.join(SOLVERS)}")
+        if not self.alpha > 0:
+            raise ValueError(f"alpha must be > 0, got {self.alpha}")
+        if self.steps < 1:
+            raise ValueError(f"the inner solver needs steps >= 1, got {self.steps}")
+        if self.tol is not None and not self.tol > 0:
+            raise ValueError(f"solver_tol must be > 0 or None, got {self.tol}")
+        if not self.rho > 0:
+            raise ValueError(f"rho must be > 0, got {self.rho}")
+        if self.msign_steps < 1:
+            raise ValueError(f"msign needs at least one step, got msign_steps={self.msign_steps}")
+        check_precision(self.precision)
+        if self.method not in METHODS:
+            raise ValueError(f"unknown dual ascent method {self.method!r}; choose one of {', '.join(METHODS)}")
+
+    @classmethod
+    def from_train(cls, train: Mapping) -> "SolverSettings":
+        """The settings a config's (validated) ``train`` section gives."""
+        return cls(solver=train["solver"], alpha=train["dual_ascent_alpha"],
+                   steps=train["solver_max_steps"] or train["dual_ascent_steps"], tol=train["solver_tol"],
+                   rho=train["admm_rho"], warm_start=train["warm_start"], msign_steps=train["msign_steps"],
+                   precision=train["msign_precision"])
+
+    @classmethod
+    def defaults(cls, **changes) -> "SolverSettings":
+        """The schema's defaults (the paper's cold-started 20-step dual ascent, alpha 0.1), with ``changes``."""
+        from .config import defaults
+
+        return dataclasses.replace(cls.from_train(defaults("train")), **changes)
+
+    def replace(self, **changes) -> "SolverSettings":
+        return dataclasses.replace(self, **changes)
+
+    #: the optimizer's param-group keys of each field (plain values, so a checkpoint's
+    #: optimizer state loads weights-only; the keys checkpoints have always had)
+    GROUP_KEYS = {"solver": "solver", "alpha": "alpha", "steps": "dual_steps", "tol": "solver_tol", "rho": "rho",
+                  "warm_start": "warm_start", "msign_steps": "msign_steps", "precision": "msign_precision",
+                  "method": "method"}
+
+    def group(self) -> dict:
+        """These settings as optimizer param-group entries."""
+        return {key: getattr(self, field) for field, key in self.GROUP_KEYS.items()}
+
+    @classmethod
+    def of_group(cls, group: Mapping) -> "SolverSettings":
+        """The settings held by an optimizer param group (checked again: a group may set its own)."""
+        return cls(**{field: group[key] for field, key in cls.GROUP_KEYS.items()})
 
 
 def msign_per_iteration(solver: str) -> int:
     """msign calls one iteration of ``solver`` makes (its cost in msign-equivalents)."""
-    return {"dual_ascent": 1, "admm": 2}[solver]
+    return _SOLVE[solver][1]
 
 
 def clip_spectral(Z: torch.Tensor, msign_steps: int = DEFAULT_STEPS, precision: str = "float32") -> torch.Tensor:
@@ -152,16 +231,25 @@ def admm(
                    transposed)
 
 
-def solve(W, G, manifold, solver: str = "dual_ascent", *, alpha=0.1, rho: float = 1.0, steps: int = 20,
-          tol: float | None = None, method: str = "auto", msign_steps: int = DEFAULT_STEPS,
-          Lambda0: torch.Tensor | None = None, record_violations: bool = False,
-          snapshots: Iterable[int] = (), precision: str = "float32") -> DualAscentResult:
-    """Run the inner solver named ``solver`` (``dual_ascent`` or ``admm``)."""
-    if solver == "dual_ascent":
-        return dual_ascent(W, G, manifold, alpha=alpha, steps=steps, tol=tol, method=method,
-                           msign_steps=msign_steps, Lambda0=Lambda0, record_violations=record_violations,
-                           snapshots=snapshots, precision=precision)
-    if solver == "admm":
-        return admm(W, G, manifold, rho=rho, steps=steps, tol=tol, msign_steps=msign_steps, Lambda0=Lambda0,
-                    record_violations=record_violations, snapshots=snapshots, precision=precision)
-    raise ValueError(f"unknown inner solver {solver!r}; choose one of {', '.join(SOLVERS)}")
+def _dual_ascent(W, G, manifold, s: SolverSettings, **kw) -> DualAscentResult:
+    return dual_ascent(W, G, manifold, alpha=s.alpha, steps=s.steps, tol=s.tol, method=s.method,
+                       msign_steps=s.msign_steps, precision=s.precision, **kw)
+
+
+def _admm(W, G, manifold, s: SolverSettings, **kw) -> DualAscentResult:
+    return admm(W, G, manifold, rho=s.rho, steps=s.steps, tol=s.tol, msign_steps=s.msign_steps,
+                precision=s.precision, **kw)
+
+
+#: solver name -> (its run with a :class:`SolverSettings`, msign calls per iteration)
+_SOLVE = {"dual_ascent": (_dual_ascent, 1), "admm": (_admm, 2)}
+
+
+def solve(W, G, manifold, settings: SolverSettings, *, Lambda0: torch.Tensor | None = None,
+          record_violations: bool = False, snapshots: Iterable[int] = ()) -> DualAscentResult:
+    """Run the inner solve ``settings`` describes on ``W``, ``G`` (``Lambda0``: a warm start;
+    ``record_violations``, ``snapshots``: as :func:`~mwm.dual_ascent.dual_ascent`)."""
+    if not isinstance(settings, SolverSettings):
+        raise TypeError(f"solve takes a SolverSettings, got {type(settings).__name__}")
+    run, _ = _SOLVE[settings.solver]
+    return run(W, G, manifold, settings, Lambda0=Lambda0, record_violations=record_violations, snapshots=snapshots)

@@ -60,6 +60,7 @@ from .paths import check_out_root, inside
 from .runs import (HAND_FOLDER, RESULTS_ROOT, RunFolder, assignment_spec, capture_window, check_grid,
                    config_run_identity, identity_diff, run_config, run_identity)
 from .schedule import learning_rates
+from .solvers import SolverSettings
 
 __all__ = ["main", "train", "EXIT_PREEMPTED", "build_model_config", "resolve_data"]
 
@@ -343,9 +344,7 @@ class Run:
         self.opts = build_optimizers(
             self.model, assignment_spec(cfg["grid"], assignment), adamw_lr=tc["learning_rate"], betas=(tc["beta1"], tc["beta2"]),
             weight_decay=tc["weight_decay"], muon_lr=tc["muon_lr"], momentum=tc["muon_momentum"],
-            alpha=tc["dual_ascent_alpha"], dual_steps=tc["solver_max_steps"] or tc["dual_ascent_steps"],
-            dgram_retraction=retraction, msign_steps=tc["msign_steps"], msign_precision=tc["msign_precision"],
-            solver=tc["solver"], solver_tol=tc["solver_tol"], warm_start=tc["warm_start"], rho=tc["admm_rho"],
+            dgram_retraction=retraction, solver=SolverSettings.from_train(tc),
         )
         self.model.to(self.device)
         self.opts.follow(self.model)

@@ -60,7 +60,7 @@ from ..config import ConfigError
 from ..io import read_csv_rows
 from ..runs import RESULTS_ROOT, run_dir
 from ..manifolds import get_manifold
-from ..solvers import msign_per_iteration, solve
+from ..solvers import SolverSettings, msign_per_iteration, solve
 from .absorption import _rel, load_pairs
 from .common import main_for, resolve_device, run_meta, write_csv, write_json
 
@@ -236,17 +236,20 @@ def measure_sequence(seq: list[dict], cands: list[dict], sec: dict, retraction: 
     rows = []
     warm: dict[tuple, torch.Tensor] = {}
     ref_viol = reference_violations if reference_violations is not None else []
+    reference = SolverSettings.defaults(alpha=sec["alpha"], steps=sec["reference_iterations"])
+    converged = SolverSettings.defaults(solver="admm", rho=1.0, steps=sec["converged_iterations"])
+    settings = {c["name"]: SolverSettings.defaults(solver=c["solver"], alpha=sec["alpha"], rho=c["rho"] or 1.0,
+                                                   steps=c["steps"], tol=c["tol"]) for c in cands}
     for k, entry in enumerate(seq):
         eta = entry["eta"]
         for (man, m, n), bank in _banks(entry["pairs"]).items():
             mf = get_manifold(man, retraction)
             W = torch.stack([p["W"] if p["W"].shape[0] >= p["W"].shape[1] else p["W"].mT for p in bank]).to(device)
             G = torch.stack([p["G"] if p["G"].shape[0] >= p["G"].shape[1] else p["G"].mT for p in bank]).to(device)
-            ref_run = solve(W, G, mf, "dual_ascent", alpha=sec["alpha"], steps=sec["reference_iterations"],
-                            record_violations=True)
+            ref_run = solve(W, G, mf, reference, record_violations=True)
             ref = ref_run.A
             W_ref = mf.retract(W - eta * ref)
-            conv_run = solve(W, G, mf, "admm", rho=1.0, steps=sec["converged_iterations"], record_violations=True)
+            conv_run = solve(W, G, mf, converged, record_violations=True)
             conv = conv_run.A
             W_conv = mf.retract(W - eta * conv)
             ref_viol.append((man, float(ref_run.violations[-1].max()), float(conv_run.violations[-1].max())))
@@ -256,8 +259,7 @@ def measure_sequence(seq: list[dict], cands: list[dict], sec: dict, retraction: 
                 if device.type == "cuda":
                     torch.cuda.synchronize()
                 t0 = time.perf_counter()
-                res = solve(W, G, mf, c["solver"], alpha=sec["alpha"], rho=c["rho"] or 1.0, steps=c["steps"],
-                            tol=c["tol"], Lambda0=L0)
+                res = solve(W, G, mf, settings[c["name"]], Lambda0=L0)
                 if device.type == "cuda":
                     torch.cuda.synchronize()
                 wall = time.perf_counter() - t0
