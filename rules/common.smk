@@ -14,6 +14,7 @@ from mwm.names import UNCONSTRAINED, parse_variant
 from mwm.owner import check_owner, claim
 from mwm.paths import inside
 from mwm.runs import RESULTS_ROOT, RUN_FILES, capture_window, check_grid, grid_variants, run_config
+from mwm import stages
 from mwm.setaside import RETRAIN_FOLDER, SET_ASIDE_RULE, foreign_problem, foreign_root, next_marker, retrain_markers
 
 # The file the entry points read: the last --configfile, else the default.
@@ -71,11 +72,16 @@ try:  # the schema already refuses such names; a path from the config never leav
 except ConfigError as exc:
     raise WorkflowError(str(exc))
 DATA = str(dataset_dir(CFG["data"]))
-DATA_FILES = [f"{DATA}/train.bin", f"{DATA}/val.bin", f"{DATA}/meta.json"]
+DATA_FILES = [f"{DATA}/{f}" for f in stages.STAGES["data"].outputs]
 RUN_VARIANTS = grid_variants(CFG["grid"])  # every trained variant (mwm.names.variant_name)
 SEEDS = CFG["grid"]["seeds"]
 RUNS = f"{RESULTS_ROOT}/runs/{NAME}"
 STUDIES = f"{RESULTS_ROOT}/studies/{NAME}"
+
+
+def study_outputs(*names):
+    """The files the named studies write (mwm.stages), in the config's study folder."""
+    return [f"{STUDIES}/{f}" for f in stages.study_files(names)]
 
 
 onstart:
@@ -230,9 +236,4 @@ REPORT_PATTERNS = ["{item}.png", "{item}.gif", "{item}.csv"]
 
 
 def report_category(wildcards):
-    item = wildcards.item
-    if item == "ledger":
-        return "Ledger"
-    if item.startswith("table"):
-        return "Tables"
-    return "Studies" if item.startswith(("fig3", "fig_alpha", "fig_solvers")) else "Training"
+    return stages.report_category(wildcards.item)

@@ -4,9 +4,9 @@
 # reports the solver study alone, so its `all` trains nothing beyond the study's captures.
 
 if CFG["workflow"]["report"] == "solvers":
-    REPORT_INPUTS = SOLVER_FILES
+    REPORT_INPUTS = study_outputs("solvers")
 else:
-    REPORT_INPUTS = [*all_runs(), *ALPHA_FILES, *ABSORPTION_FILES, *AUDIT_FILES, *SOLVER_FILES]
+    REPORT_INPUTS = [*all_runs(), *study_outputs(*stages.STUDIES)]
 
 
 rule report:

@@ -5,15 +5,12 @@
 # DGram-attention run's spectral log against the singular-value growth bound (see
 # probe_run in common.smk).
 
-ALPHA_FILES = [f"{STUDIES}/alpha_{f}" for f in ("derived.json", "summary.csv", "final.csv", "trajectories.csv")]
-ABSORPTION_FILES = [f"{STUDIES}/absorption_{f}" for f in ("derived.json", "summary.csv")] + [f"{STUDIES}/absorption.csv"]
-SOLVER_FILES = [f"{STUDIES}/solvers{f}" for f in (".csv", "_summary.csv", "_derived.json")]
-AUDIT_FILES = [f"{STUDIES}/{f}" for f in ("audits.json", "softmax_jacobian.csv", "logit_bound.csv", "growth_bound.csv", "tangent_dims.csv")]
+# Each study's output files: study_outputs (common.smk) from the stage manifest, mwm.stages.
 
 
 rule study_alpha:
     output:
-        ALPHA_FILES,
+        study_outputs("alpha"),
     params:
         config=CONFIG_FILE,
         out=lambda wildcards, output: os.path.dirname(output[0]),
@@ -35,7 +32,7 @@ rule study_absorption:
     input:
         pairs=pairs_input,
     output:
-        ABSORPTION_FILES,
+        study_outputs("absorption"),
     params:
         config=CONFIG_FILE,
         out=lambda wildcards, output: os.path.dirname(output[0]),
@@ -61,7 +58,7 @@ rule study_audits:
     input:
         spectral=spectral_input,
     output:
-        AUDIT_FILES,
+        study_outputs("audits"),
     params:
         config=CONFIG_FILE,
         out=lambda wildcards, output: os.path.dirname(output[0]),
@@ -90,7 +87,7 @@ rule study_solvers:
         DATA_FILES,
         sequences=solver_sequences,
     output:
-        SOLVER_FILES,
+        study_outputs("solvers"),
     params:
         config=CONFIG_FILE,
         out=lambda wildcards, output: os.path.dirname(output[0]),

@@ -46,8 +46,10 @@ print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
 def test_snakefile_parse_imports_no_torch():
     common = (ROOT / "rules" / "common.smk").read_text()
     imported = {line.split()[1] for line in common.splitlines() if line.startswith("from mwm")}
+    imported |= {f"mwm.{line.split()[3]}" for line in common.splitlines() if line.startswith("from mwm import")}
+    imported.discard("mwm")
     assert imported == {"mwm.checks", "mwm.config", "mwm.data", "mwm.launch", "mwm.names", "mwm.owner",
-                        "mwm.paths", "mwm.runs", "mwm.setaside"}, \
+                        "mwm.paths", "mwm.runs", "mwm.setaside", "mwm.stages"}, \
         "rules/common.smk imports changed: update PARSE_TIME in this test"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.run([sys.executable, "-c", PARSE_TIME], cwd=ROOT, env=env, capture_output=True, text=True,

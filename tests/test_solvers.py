@@ -227,6 +227,10 @@ def test_capture_sequence_and_solver_study(fake_data, tmp_path):
                                  "studies.solvers.tols=[0.001]", "studies.solvers.admm_steps=[3]",
                                  "studies.solvers.admm_rho=[1.0]", "studies.device=cpu"])
     derived = run_solvers(cfg, tmp_path / "study", log=lambda *a: None)
+    from mwm.stages import STAGES
+
+    # the manifest's files, besides the folder of its own capture trainings
+    assert sorted(p.name for p in (tmp_path / "study").iterdir()) == sorted([*STAGES["solvers"].outputs, "_train"])
     run = tmp_path / "study" / "_train" / "runs" / "tiny" / "stiefel" / "seed0"
     assert sorted(f.name for f in (run / "sequence").iterdir()) == [f"step_{s:06d}.npz" for s in (2, 3, 4)]
     from mwm.studies.common import read_csv

@@ -11,6 +11,7 @@ import torch
 
 from mwm.config import ConfigError, load_config, validate
 from mwm.dual_ascent import dual_ascent
+from mwm.stages import STAGES
 from mwm.studies import absorption, alpha
 from mwm.studies.common import random_pairs, read_csv, variant_manifold, write_csv, write_json
 
@@ -107,6 +108,7 @@ def test_exact_stiefel_init_makes_the_square_problem_start_solved():
 def test_alpha_study_writes_tidy_outputs_and_derived_numbers(tmp_path):
     cfg = studies_cfg(alpha=TINY_ALPHA, precisions=["float32"])
     derived = alpha.run_alpha(cfg, tmp_path, log=lambda *_: None)
+    assert sorted(os.listdir(tmp_path)) == sorted(STAGES["alpha"].outputs)  # what the manifest declares
     n_alpha = 3 + 1  # grid (0.01 is its first point) + 0.1 (off the grid)
     traj = read_csv(tmp_path / "alpha_trajectories.csv")
     main_rows = [r for r in traj if r["init"] == "msign"]
@@ -224,6 +226,7 @@ def test_retraction_absorbs_part_of_the_direction_error():
 def test_absorption_study_outputs(tmp_path):
     cfg = studies_cfg(absorption=TINY_ABS, precisions=["float32"])
     d = absorption.run_absorption(cfg, tmp_path, log=lambda *_: None)
+    assert sorted(os.listdir(tmp_path)) == sorted(STAGES["absorption"].outputs)
     rows = read_csv(tmp_path / "absorption.csv")
     assert len(rows) == 2 * 1 * 2 * 4
     assert set(rows[0]) == {"manifold", "precision", "n", "seed", "T", "e_A", "e_pre", "e_W", "e_W_step",

@@ -8,6 +8,7 @@ import torch
 
 from mwm.config import validate
 from mwm.schedule import muon_lr_series
+from mwm.stages import STAGES
 from mwm.studies import audits
 from mwm.studies.common import read_csv, write_csv
 
@@ -160,6 +161,7 @@ def test_audits_entry_point_writes_everything(tmp_path):
     rc = audits.main(["--config", str(cfg), "--out", str(tmp_path / "o"), "--spectral", str(tmp_path / "spectral.csv")])
     assert rc == 0
     o = tmp_path / "o"
+    assert sorted(p.name for p in o.iterdir()) == sorted(STAGES["audits"].outputs)
     d = json.loads((o / "audits.json").read_text())
     assert set(d) >= {"softmax", "logit_bound", "growth", "tangent", "spectral_check", "meta"}
     assert d["spectral_check"]["schedule_from"] == "train section" and d["spectral_check"]["holds"] is True
@@ -169,3 +171,15 @@ def test_audits_entry_point_writes_everything(tmp_path):
                  "spectral_check.csv"):
         assert read_csv(o / name)
     assert read_csv(o / "spectral_check.csv")[1]["ok"] == "true"
+
+
+def test_without_a_spectral_log_the_check_file_is_its_header_and_the_reason_is_in_the_json(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("studies:\n  device: cpu\n  audits:\n"
+                   "    softmax: {sizes: [2], random_per_size: 5, adversarial_restarts: 1, adversarial_steps: 5}\n"
+                   "    logit_bound: {d: 16, d_k: 8, heads: 2, tokens: 4}\n")
+    assert audits.main(["--config", str(cfg), "--out", str(tmp_path / "o")]) == 0
+    o = tmp_path / "o"
+    assert sorted(p.name for p in o.iterdir()) == sorted(STAGES["audits"].outputs)  # every declared output
+    assert (o / "spectral_check.csv").read_text().count("\n") == 1 and read_csv(o / "spectral_check.csv") == []
+    assert "no spectral log given" in json.loads((o / "audits.json").read_text())["spectral_check"]["reason"]

@@ -42,6 +42,7 @@ from pathlib import Path
 import yaml
 
 from .io import atomic_write_text
+from .stages import STAGES, rule_file_sections
 
 __all__ = ["Job", "snakemake_jobs", "build", "render", "generate", "check", "sync", "main"]
 
@@ -52,20 +53,11 @@ PIPELINES = Path("pipelines")
 PACKAGE = Path("src") / "mwm"
 SCHEMA = PACKAGE / "schema"
 
-#: Config sections (DVC ``params``) the entry points of each rule file read, besides ``name``.
-#: ``grid`` for training: a variant's assignment (``grid.custom``) is read from it. The report
-#: reads other sections only to describe the scale; their changes reach it through its inputs.
-#: The studies read ``train`` and ``model`` too: the solver study's capture trainings run them, the
-#: audits' growth bound follows the config's schedule.
-#: Training also reads the keys of the solver study that choose which grid runs capture which steps
-#: (``studies.solvers.source: grid``): DVC's dotted keys, so other study settings rerun no training;
-#: listed where the config file sets them (DVC refuses a param its file lacks; a schema default is
+#: Config sections (DVC ``params``) the entry points of each rule file read, besides ``name``: the
+#: union of its stages' in the manifest (:mod:`mwm.stages`, where each is explained). DVC's dotted keys
+#: are listed where the config file sets them (DVC refuses a param its file lacks; a schema default is
 #: covered by the schema file, a dependency of the stage).
-PARAMS = {"data": ("data",),
-          "train": ("train", "model", "grid", *(f"studies.solvers.{k}" for k in (
-              "source", "assignments", "seed", "capture_start", "capture_length"))),
-          "studies": ("studies", "train", "model"),
-          "report": ()}
+PARAMS = {rf: rule_file_sections(rf) for rf in dict.fromkeys(st.rule_file for st in STAGES.values())}
 #: Outputs that are checkpoints (large; kept out of ``dvc push`` by ``workflow.dvc_push_checkpoints``).
 CHECKPOINTS = ("*.pt",)
 #: Outputs listed under top-level ``metrics:``.

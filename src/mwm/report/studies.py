@@ -11,18 +11,17 @@ import numpy as np
 import pandas as pd
 
 from .. import paper
+from ..stages import study_files
 from . import style
 from .load import ReportError
 from .tables import write_table
 
 __all__ = ["load_studies", "studies_report", "solver_study_report", "STUDY_FILES", "SOLVER_STUDY_FILES"]
 
-STUDY_FILES = ("alpha_derived.json", "alpha_summary.csv", "alpha_trajectories.csv", "absorption_derived.json",
-               "absorption_summary.csv", "audits.json", "softmax_jacobian.csv", "tangent_dims.csv")
-
-
+#: The study files the report loads (mwm.stages: each study's ``report_reads``).
+STUDY_FILES = study_files(("alpha", "absorption", "audits"), reads=True)
 #: The solver study's files: drawn when present (the DAG's report rule requires them).
-SOLVER_STUDY_FILES = ("solvers_summary.csv", "solvers_derived.json")
+SOLVER_STUDY_FILES = study_files(("solvers",), reads=True)
 
 
 def load_studies(folder: str | Path, required: tuple[str, ...] = STUDY_FILES) -> dict:

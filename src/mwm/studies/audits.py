@@ -25,8 +25,8 @@
 
 Outputs under ``--out``: ``softmax_jacobian.csv``, ``logit_bound.csv``,
 ``growth_bound.csv`` (``step, eta, eta_sum, bound``: the bound after the update of
-``step``, every step up to 10k steps, thinned evenly beyond), ``tangent_dims.csv``, ``spectral_check.csv`` (with a spectral
-log) and ``audits.json``.
+``step``, every step up to 10k steps, thinned evenly beyond), ``tangent_dims.csv``, ``spectral_check.csv`` (its
+header alone without a spectral log) and ``audits.json`` (the files of :data:`mwm.stages.STAGES`).
 """
 
 from __future__ import annotations
@@ -670,6 +670,8 @@ def run_audits(cfg: dict, out: str | Path, config_path: str | None = None, spect
     else:
         derived["spectral_check"] = {"holds": None, "reason": "no spectral log given (--spectral or "
                                                               "studies.audits.growth.spectral_csv)"}
+        # a declared output (mwm.stages): its header alone, the reason is in audits.json
+        write_csv(out / "spectral_check.csv", SPECTRAL_CHECK_COLUMNS, [])
     derived["meta"] = run_meta(sec, device, time.perf_counter() - t0, config_path)
     derived["meta"]["dtype"] = "float64 (softmax, logits, bounds); float32 (Polar Express norm)"
     write_json(out / "audits.json", derived)
