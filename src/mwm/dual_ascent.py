@@ -40,39 +40,22 @@ there; it uses the ``direct`` order (the Gram order has no released counterpart)
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
 from typing import Iterable
 
 import torch
 
-from .manifolds import Manifold, get_manifold, rms, to_tall
+from .inner import InnerResult, Tolerance, check_inputs, check_iterations, result, start_multiplier, tall_pair
+from .manifolds import Manifold, get_manifold, rms
 from .msign import (DEFAULT_STEPS, GRAM_RESTART, check_precision, choose_order, frobenius_scale, msign,
                     polar_express_gram)
 
-__all__ = ["DualAscentResult", "MixedProjector", "dual_ascent", "manifold_muon_update"]
+__all__ = ["DualAscentResult", "MixedProjector", "as_manifold", "dual_ascent", "manifold_muon_update"]
 
 METHODS = ("auto", "direct", "gram")
 
 
-@dataclass
-class DualAscentResult:
-    """Output of :func:`dual_ascent`, in the orientation of the input.
-
-    ``A``: the final update direction. ``violations``: ``(steps, *batch)`` tensor
-    of ``||H_t||_RMS`` when requested. ``snapshots``: ``{T: A_T}``, the direction
-    after ``T`` iterations of the same run. ``iterations``: iterations done (the
-    batch's; with ``tol`` a matrix may stop earlier, see ``stopped``).
-    ``Lambda``: the final multiplier ``P(sym Lambda)`` in the tall orientation
-    (``(*batch, n, n)``), the warm start of the next step. ``stopped``: with ``tol``,
-    the iteration at which each matrix met it (``steps`` where it never did).
-    """
-
-    A: torch.Tensor
-    violations: torch.Tensor | None = None
-    snapshots: dict[int, torch.Tensor] = field(default_factory=dict)
-    iterations: int = 0
-    Lambda: torch.Tensor | None = None
-    stopped: torch.Tensor | None = None
+#: The result type every inner solver shares (:class:`mwm.inner.InnerResult`).
+DualAscentResult = InnerResult
 
 
 class MixedProjector:
@@ -106,7 +89,7 @@ class MixedProjector:
         return self.project_(S.clone())
 
 
-def _as_manifold(manifold) -> Manifold | MixedProjector:
+def as_manifold(manifold) -> Manifold | MixedProjector:
     """A :class:`Manifold`, its name, or a sequence of per-matrix names (one batched
     solve over Stiefel and DGram matrices, see :class:`MixedProjector`)."""
     if isinstance(manifold, (Manifold, MixedProjector)):
@@ -144,15 +127,6 @@ def _alpha_factor(alpha, W: torch.Tensor):
     if not ok:
         raise ValueError(f"tensor alpha of shape {tuple(a.shape)} does not broadcast to the batch shape {batch}")
     return a[..., None, None]
-
-
-def _check_inputs(W: torch.Tensor, G: torch.Tensor) -> None:
-    if W.shape != G.shape:
-        raise ValueError(f"weight and gradient shapes differ: {tuple(W.shape)} vs {tuple(G.shape)}")
-    if W.ndim < 2:
-        raise ValueError(f"dual ascent needs matrices, got shape {tuple(W.shape)}")
-    if not bool(torch.isfinite(G).all()):
-        raise FloatingPointError("gradient has NaN or Inf entries; refusing to compute an update")
 
 
 def _once(make):
@@ -199,34 +173,6 @@ def _gram_order(Wt: torch.Tensor, Gt: torch.Tensor, WtG: torch.Tensor, msign_ste
     return step
 
 
-class _Tolerance:
-    """Per-matrix stopping at ``||H||_RMS < tol``: a matrix keeps the direction of the
-    iteration at which it stopped and, from then on, its multiplier."""
-
-    def __init__(self, tol: float, batch: torch.Size, steps: int, device):
-        self.tol = tol
-        self.done = torch.zeros(batch, dtype=torch.bool, device=device)
-        self.stopped = torch.full(batch, steps, dtype=torch.long, device=device)
-        self.A = None
-
-    def update(self, it: int, violation: torch.Tensor, direction) -> bool:
-        """Record the matrices that meet ``tol`` at iteration ``it``; whether all have."""
-        newly = (violation < self.tol) & ~self.done
-        if not bool(newly.any()):
-            return False
-        A = direction()
-        self.A = A.clone() if self.A is None else torch.where(newly[..., None, None], A, self.A)
-        self.stopped = torch.where(newly, it, self.stopped)
-        self.done = self.done | newly
-        return bool(self.done.all())
-
-    def freeze(self, H: torch.Tensor) -> torch.Tensor:
-        """``H`` with the stopped matrices' entries zeroed (their multiplier stays)."""
-        if bool(self.done.any()):
-            H = H * (~self.done)[..., None, None].to(H.dtype)
-        return H
-
-
 @torch.no_grad()
 def dual_ascent(
     W: torch.Tensor,
@@ -265,20 +211,14 @@ def dual_ascent(
     the current constraint, ``P(sym Lambda0)``, and replaces the cold start
     ``-1/4 P(W^T G + G^T W)``.
     """
-    _check_inputs(W, G)
-    if steps < 1:
-        raise ValueError(f"dual ascent needs steps >= 1, got {steps}")
+    check_inputs(W, G)
+    snaps = check_iterations("dual ascent", steps, snapshots)
     if method not in METHODS:
         raise ValueError(f"unknown dual ascent method {method!r}; choose one of {', '.join(METHODS)}")
-    mf = _as_manifold(manifold)
+    mf = as_manifold(manifold)
     alpha_f = _alpha_factor(alpha, W)
-    snaps = sorted(set(int(t) for t in snapshots))
-    for t in snaps:
-        if not 1 <= t <= steps:
-            raise ValueError(f"snapshot iteration {t} is outside 1..{steps}")
 
-    Wt, transposed = to_tall(W.float() if W.dtype in (torch.float16, torch.bfloat16) else W)
-    Gt, _ = to_tall(G.to(Wt.dtype))
+    Wt, Gt, transposed = tall_pair(W, G)
     WtG = Wt.mT @ Gt
     if check_precision(precision) == "bfloat16":
         if method == "gram":
@@ -290,21 +230,14 @@ def dual_ascent(
     # Lambda_0 = -1/4 P(W^T G + G^T W), or the warm start P(sym Lambda0). Lambda_0 and
     # every H are symmetric and fixed by P, hence so is every Lambda_t: the loop uses it
     # as S = P(sym Lambda_t) directly (the same numbers, bit for bit).
-    if Lambda0 is None:
-        Lam = mf.project_(WtG + WtG.mT).mul_(-0.25)
-    else:
-        if Lambda0.shape != WtG.shape:
-            raise ValueError(f"Lambda0 of shape {tuple(Lambda0.shape)} does not match the multiplier shape "
-                             f"{tuple(WtG.shape)}")
-        L0 = Lambda0.to(WtG.dtype)
-        Lam = mf.project_((L0 + L0.mT).mul_(0.5))
+    Lam = start_multiplier(mf, Wt, Gt, Lambda0, WtG=WtG)
 
     # the evaluation order: one step(S) per iteration
     if method == "direct":
         step = _direct_order(Wt, Gt, msign_steps, precision)
     else:
         step = _gram_order(Wt, Gt, WtG, msign_steps)
-    stop = _Tolerance(tol, WtG.shape[:-2], steps, WtG.device) if tol is not None else None
+    stop = Tolerance(tol, WtG.shape[:-2], steps, WtG.device) if tol is not None else None
     history = []
     out_snaps: dict[int, torch.Tensor] = {}
     for t in range(steps):
@@ -328,28 +261,7 @@ def dual_ascent(
         if isinstance(step_size, torch.Tensor):
             step_size = step_size.to(H.dtype)
         Lam = Lam - step_size * H
-    A_stop, done, stopped = (stop.A, stop.done, stop.stopped) if stop is not None else (None, None, None)
-    return _result(direction(), A_stop, done, stopped, Lam, it, history if record_violations else None, out_snaps,
-                   transposed)
-
-
-def _result(A, A_stop, done, stopped, Lam, iterations, history, snapshots, transposed) -> DualAscentResult:
-    """An inner solver's result: stopped matrices keep the direction of their stopping
-    iteration, and every direction goes back to the caller's orientation."""
-    if A_stop is not None:
-        A = torch.where(done[..., None, None], A_stop, A)
-
-    def orient(T):
-        return T.mT if transposed else T
-
-    return DualAscentResult(
-        A=orient(A),
-        violations=torch.stack(history) if history is not None else None,
-        snapshots={k: orient(v) for k, v in snapshots.items()},
-        iterations=iterations,
-        Lambda=Lam,
-        stopped=stopped,
-    )
+    return result(direction(), stop, Lam, it, history if record_violations else None, out_snaps, transposed)
 
 
 @torch.no_grad()
@@ -372,7 +284,7 @@ def manifold_muon_update(
     ``W`` and ``G`` are ``(..., m, n)``; wide matrices are handled by transposing.
     Returns the new weight (same shape and orientation as ``W``).
     """
-    mf = _as_manifold(manifold)
+    mf = as_manifold(manifold)
     if dgram_retraction is not None:
         mf = get_manifold(mf.name, dgram_retraction)
     res = dual_ascent(W, G, mf, alpha=alpha, steps=steps, tol=tol, method=method, msign_steps=msign_steps,

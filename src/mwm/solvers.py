@@ -48,8 +48,9 @@ from typing import Iterable, Mapping
 import torch
 
 from . import names
-from .dual_ascent import METHODS, DualAscentResult, _as_manifold, _check_inputs, _result, dual_ascent
-from .manifolds import rms, to_tall
+from .dual_ascent import METHODS, DualAscentResult, as_manifold, dual_ascent
+from .inner import Tolerance, check_inputs, check_iterations, result, start_multiplier, tall_pair
+from .manifolds import rms
 from .msign import DEFAULT_STEPS, check_precision, msign
 
 __all__ = ["SOLVERS", "SolverSettings", "admm", "clip_spectral", "solve", "msign_per_iteration"]
@@ -166,38 +167,21 @@ def admm(
     precision: str = "float32",
 ) -> DualAscentResult:
     """ADMM on the inner problem (module doc); arguments as :func:`~mwm.dual_ascent.dual_ascent`."""
-    _check_inputs(W, G)
-    if steps < 1:
-        raise ValueError(f"ADMM needs steps >= 1, got {steps}")
+    check_inputs(W, G)
+    snaps = check_iterations("ADMM", steps, snapshots)
     if not rho > 0:
         raise ValueError(f"ADMM needs rho > 0, got {rho}")
-    mf = _as_manifold(manifold)
-    snaps = sorted(set(int(t) for t in snapshots))
-    for t in snaps:
-        if not 1 <= t <= steps:
-            raise ValueError(f"snapshot iteration {t} is outside 1..{steps}")
-    Wt, transposed = to_tall(W.float() if W.dtype in (torch.float16, torch.bfloat16) else W)
-    Gt, _ = to_tall(G.to(Wt.dtype))
+    mf = as_manifold(manifold)
+    Wt, Gt, transposed = tall_pair(W, G)
     n = Wt.shape[-1]
     g_scale = (Gt.square().sum(dim=(-2, -1)) / n).sqrt().clamp_min(1e-30)[..., None, None]
     Gn = Gt / g_scale
     d = (Wt.square().sum(dim=-2)).clamp_min(1e-30)  # diag(W^T W)
     inv_denom = 1.0 / (d[..., :, None] + d[..., None, :])
-    if Lambda0 is None:
-        WtG = Wt.mT @ Gn
-        Lam = mf.project_(WtG + WtG.mT).mul_(-0.25)
-    else:
-        if Lambda0.shape != Wt.shape[:-2] + (n, n):
-            raise ValueError(f"Lambda0 of shape {tuple(Lambda0.shape)} does not match the multiplier shape "
-                             f"{tuple(Wt.shape[:-2] + (n, n))}")
-        L0 = Lambda0.to(Wt.dtype) / g_scale
-        Lam = mf.project_((L0 + L0.mT).mul_(0.5))
+    Lam = start_multiplier(mf, Wt, Gn, Lambda0, scale=g_scale)
     A = torch.zeros_like(Gn)
     history, out_snaps = [], {}
-    done = A_stop = stopped = None
-    if tol is not None:
-        done = torch.zeros(Wt.shape[:-2], dtype=torch.bool, device=Wt.device)
-        stopped = torch.full(Wt.shape[:-2], steps, dtype=torch.long, device=Wt.device)
+    stop = Tolerance(tol, Wt.shape[:-2], steps, Wt.device) if tol is not None else None
     it = 0
     for t in range(steps):
         Z = torch.add(Gn, Wt @ Lam, alpha=2.0).mul_(rho).add_(A)
@@ -214,21 +198,14 @@ def admm(
         E = torch.add(A, A_new, alpha=-2.0).div_(rho)
         Y = Wt.mT @ E
         dL = mf.project_((Y + Y.mT).mul_(0.5)).mul_(inv_denom)
-        if tol is not None:
-            newly = (viol < tol) & ~done
-            if bool(newly.any()):
-                A_stop = A_new.clone() if A_stop is None else torch.where(newly[..., None, None], A_new, A_stop)
-                stopped = torch.where(newly, it, stopped)
-                done = done | newly
-                if bool(done.all()):
-                    A = A_new
-                    break
-            if bool(done.any()):
-                dL = dL * (~done)[..., None, None].to(dL.dtype)
+        if stop is not None:
+            if stop.update(it, viol, lambda: A_new):
+                A = A_new
+                break
+            dL = stop.freeze(dL)
         Lam = Lam + dL
         A = A_new
-    return _result(A, A_stop, done, stopped, Lam * g_scale, it, history if record_violations else None, out_snaps,
-                   transposed)
+    return result(A, stop, Lam * g_scale, it, history if record_violations else None, out_snaps, transposed)
 
 
 def _dual_ascent(W, G, manifold, s: SolverSettings, **kw) -> DualAscentResult:
