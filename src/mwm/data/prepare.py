@@ -204,7 +204,7 @@ def _check_tokens(expected: dict, splits: dict, src: Source) -> dict | None:
             bad.append(f"val tokens {got['val']:,}, expected {va:,} within {vtol:.2%}")
     if bad:
         raise DataError(f"corpus {src.name}: " + "; ".join(bad) + " (data.expect; null means the corpus's "
-                        f"published counts): the tokens are not the expected corpus. Nothing was written")
+                        "published counts): the tokens are not the expected corpus. Nothing was written")
     return report
 
 
