@@ -8,6 +8,10 @@ import numpy as np
 import yaml
 
 import mwm.train
+import importlib.util
+import os
+import shutil
+import subprocess
 
 
 class FakeData:
@@ -80,3 +84,27 @@ def run_main(tmp_path, *extra, assignment="none", seed="0", out="out", **over):
     rc = mwm.train.main(["--config", str(cfg), "--assignment", assignment, "--seed", seed,
                          "--out", str(tmp_path / out), *extra])
     return rc, tmp_path / out / "runs" / "tiny" / assignment / f"seed{seed}"
+
+
+HAS_SNAKEMAKE = importlib.util.find_spec("snakemake") is not None
+ROOT = TESTS.parent
+
+
+def repo_copy(dest: Path) -> Path:
+    """A throwaway copy of what the workflow needs (sources, rules, configs, profiles)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".snakemake")
+    for name in ("Snakefile", "rules", "config", "src", "local", "slurm", "profiles", "envs"):
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=ignore)
+        elif src.is_file():
+            shutil.copy2(src, dest / name)
+    return dest
+
+
+def snakemake_in(repo: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "SNAKEMAKE_PROFILE"}
+    env["PYTHONPATH"] = str(repo / "src")
+    return subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=repo, env=env, capture_output=True,
+                          text=True, timeout=timeout)

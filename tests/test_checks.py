@@ -13,7 +13,7 @@ import pytest
 import fakedata
 from mwm.checks import check_config, check_splits, min_split_tokens
 from mwm.config import ConfigError, load_config
-from test_reliability import HAS_SNAKEMAKE, repo_copy, snakemake_in
+from fakedata import HAS_SNAKEMAKE, repo_copy, snakemake_in
 
 needs_snakemake = pytest.mark.skipif(not HAS_SNAKEMAKE, reason="snakemake not installed")
 

@@ -147,3 +147,35 @@ def test_a_schema_vocab_that_mwm_names_lacks_is_refused():
         config._vocab({"x": {"$vocab": "NOPE"}}, "train.yaml")
     assert config._vocab({"a": [{"$vocab": "RETRACTIONS", "default": "paper"}]}, "t") == {
         "a": [{"default": "paper", "enum": ["paper", "colnorm"]}]}
+
+
+# -- moved from the issue-13 file: config names and numbers ----------
+
+@pytest.mark.parametrize("name", ["..", ".", ".hidden", "-rf", "a/b", "a b", ""])
+def test_schema_refuses_unsafe_config_names(tmp_path, name):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"name": name}))
+    with pytest.raises(ConfigError, match="name"):
+        load_config(cfg)
+
+
+def test_schema_refuses_unsafe_assignment_names(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"grid": {"custom": {"..": {"*.mlp.*": "stiefel"}}, "assignments": [".."]}}))
+    with pytest.raises(ConfigError, match=r"grid\.(custom|assignments)"):
+        load_config(cfg)
+
+
+def test_exponent_numbers_are_accepted(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("train:\n  learning_rate: 6e-4\n  max_iters: 2e2\n")
+    c = load_config(cfg, ["train.muon_lr=1e-2", "train.lr_decay_iters=1e3", "grid.seeds=[0, 1e0]"])
+    assert c["train"]["learning_rate"] == 6e-4 and c["train"]["muon_lr"] == 1e-2
+    assert c["train"]["max_iters"] == 200 and type(c["train"]["max_iters"]) is int
+    assert c["train"]["lr_decay_iters"] == 1000 and c["grid"]["seeds"] == [0, 1]
+    assert all(type(s) is int for s in c["grid"]["seeds"])
+    with pytest.raises(ConfigError, match="max_iters"):
+        load_config(cfg, ["train.max_iters=1.5e0"])
+    # a quoted value stays a string (and the schema says where it is wrong)
+    with pytest.raises(ConfigError, match="learning_rate"):
+        load_config(cfg, ["train.learning_rate='1e-3'"])

@@ -19,6 +19,10 @@ from mwm.data.__main__ import main
 from mwm.data.corpora import split_indices
 from mwm.data.tokenizer import EOT, get_encoding
 from mwm.data.vocab import check_fits_uint16
+import errno
+import os
+import time
+import fakedata
 
 QUIET = dict(log=None)
 
@@ -355,3 +359,120 @@ def test_prepare_removes_work_folders_of_killed_prepares(tmp_path, corpus):
     text = "\n".join(logs)
     assert f"removed {out / names['dead']}" in text and f"removed {out / names['reused']}" in text
     assert "host elsewhere" in text and "older prepare" in text
+
+
+# -- moved from the issue-13 file: training verifies the bins; a full disk in prepare ----------
+
+TEXT_DATA = {"corpus": "text", "paths": ["corpus/*.txt"], "vocab_size": 64, "num_proc": 1}
+
+
+@pytest.fixture()
+def prepared(tmp_path, monkeypatch):
+    """A small prepared folder under tmp_path/data (the cwd), and a config that trains on it."""
+    from mwm.data import dataset_dir, prepare_dataset
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "corpus").mkdir()
+    rng = np.random.default_rng(0)
+    words = ["the", "king", "of", "Denmark", "is", "dead", "long", "live", "O", "thou", ",", ".", "\n"]
+    for i in range(6):
+        (tmp_path / "corpus" / f"d{i}.txt").write_text(" ".join(rng.choice(words, size=600)))
+    folder = prepare_dataset(TEXT_DATA, log=None)
+    assert folder == dataset_dir(TEXT_DATA)
+    cfg = fakedata.write_config(tmp_path / "tiny.yaml", train__max_iters=2, train__eval_interval=2,
+                                train__lr_decay_iters=2, data__corpus="text", data__paths=TEXT_DATA["paths"],
+                                data__vocab_size=64, data__num_proc=1)
+    return tmp_path / folder, cfg
+
+
+def _train(cfg, out):
+    from mwm.train import main
+
+    return main(["--config", str(cfg), "--assignment", "none", "--seed", "0", "--out", str(out)])
+
+
+def _rewrite_meta(folder, edit):
+    meta = json.loads((folder / "meta.json").read_text())
+    edit(meta)
+    if "meta_sha256" in meta:
+        from mwm.data.reader import meta_digest
+
+        meta["meta_sha256"] = meta_digest(meta)
+    (folder / "meta.json").write_text(json.dumps(meta, indent=1))
+
+
+def test_training_refuses_a_flipped_byte_in_val_bin(prepared, capsys):
+    folder, cfg = prepared
+    assert _train(cfg, "ok") == 0
+    raw = bytearray((folder / "val.bin").read_bytes())
+    raw[10] ^= 1  # same size: the open-time size check cannot see it
+    st = (folder / "val.bin").stat()
+    (folder / "val.bin").write_bytes(bytes(raw))
+    assert _train(cfg, "bad") == 2
+    err = capsys.readouterr().err
+    assert "val.bin" in err and "sha256" in err, err
+    assert not Path("bad/runs").exists() or not list(Path("bad").rglob("summary.json"))
+
+
+def test_verdict_is_cached_by_size_and_mtime(prepared, monkeypatch):
+    from mwm.data import TokenDataset
+
+    folder, _ = prepared
+    assert TokenDataset(folder).verify_cached() is True  # first time: read in full
+    calls = []
+    real = TokenDataset._scan
+    monkeypatch.setattr(TokenDataset, "_scan", lambda self, split: calls.append(split) or real(self, split))
+    assert TokenDataset(folder).verify_cached() is False and calls == []
+    os.utime(folder / "train.bin", ns=(time.time_ns(), time.time_ns() + 10**9))
+    assert TokenDataset(folder).verify_cached() is True and calls == ["train", "val"]
+
+
+def test_edited_vocab_size_in_meta_is_refused(prepared, capsys):
+    from mwm.data.__main__ import main as data_main
+
+    folder, cfg = prepared
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["vocab_size"] = 50257  # a hand edit: the file no longer matches its own hash
+    (folder / "meta.json").write_text(json.dumps(meta, indent=1))
+    assert data_main(["info", str(folder), "--verify"]) == 1
+    err = capsys.readouterr().err
+    assert "meta.json" in err and ("vocab_size" in err or "edited" in err), err
+    # the same edit with the self-hash recomputed: the cross-check against the remap refuses it
+    _rewrite_meta(folder, lambda m: m.update(vocab_size=50257))
+    assert data_main(["info", str(folder), "--verify"]) == 1
+    err = capsys.readouterr().err
+    assert "meta.json" in err and "vocab_size" in err, err
+    assert _train(cfg, "x") == 2
+
+
+def test_token_id_outside_the_vocabulary_names_file_and_offset(prepared, capsys):
+    from mwm.data.reader import sha256_file
+
+    folder, cfg = prepared
+    ids = np.fromfile(folder / "train.bin", dtype="<u2")
+    ids[123] = 1000  # vocab is 65
+    ids.tofile(folder / "train.bin")
+    _rewrite_meta(folder, lambda m: m["splits"]["train"].update(sha256=sha256_file(folder / "train.bin")))
+    assert _train(cfg, "x") == 2
+    err = capsys.readouterr().err
+    assert "train.bin" in err and "offset 123" in err and "1000" in err, err
+
+
+def test_full_disk_in_prepare_is_one_clear_line(tmp_path, monkeypatch, capsys):
+    from mwm.data.__main__ import main as data_main
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("the king is dead, long live the king\n" * 50)
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "out" / ".prepare-x" / "train.raw"))
+        yield  # a generator, like encode_units
+
+    monkeypatch.setattr("mwm.data.prepare.encode_units", full)
+    rc = data_main(["prepare", "--corpus", "text", "--paths", str(corpus), "--split", "tail", "--out",
+                    str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if not line.startswith("mwm.data: ")]
+    assert rc == 1 and len(lines) == 1, err
+    assert "no space left on device" in lines[0] and "train.raw" in lines[0] and "Traceback" not in err
+    assert not (tmp_path / "out").exists()

@@ -9,6 +9,11 @@ import torch
 
 import mwm.io
 from mwm.io import atomic_torch_save
+import json
+import os
+import stat
+import fakedata
+from mwm.config import load_config
 
 
 class FullDisk:
@@ -68,3 +73,39 @@ def test_a_full_disk_during_torch_save_raises_the_os_error_and_keeps_the_old_fil
     assert "No space left on device" in str(info.value) and str(path) in str(info.value)
     assert torch.equal(torch.load(path, weights_only=True)["w"], torch.ones(3))  # the old one, intact
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]  # no temp file left
+
+
+# -- moved from the issue-13 file: umask and strict JSON ----------
+
+@pytest.mark.parametrize("mask,mode", [(0o022, 0o644), (0o027, 0o640)])
+def test_written_files_honour_the_umask(tmp_path, fake_data, mask, mode):
+    from mwm.studies.common import write_csv, write_json
+
+    old = os.umask(mask)
+    try:
+        rc, d = fakedata.run_main(tmp_path, train__capture_pairs_step=2)
+        write_csv(tmp_path / "study" / "a.csv", ["x"], [[1.0]])
+        write_json(tmp_path / "study" / "a.json", {"x": 1})
+    finally:
+        os.umask(old)
+    assert rc == 0
+    files = [p for p in d.rglob("*") if p.is_file()] + list((tmp_path / "study").iterdir())
+    assert {"summary.json", "final.pt", "pairs.npz", "metrics.csv", "a.csv"} <= {p.name for p in files}
+    for p in files:
+        assert stat.S_IMODE(p.stat().st_mode) == mode, (p, oct(p.stat().st_mode))
+
+
+def test_summary_is_strict_json_with_reasons(tmp_path, fake_data):
+    from mwm.train import Run
+
+    cfg = load_config(fakedata.write_config(tmp_path / "tiny.yaml"))
+    run = Run(cfg, "none", 0, "paper", tmp_path / "out")
+    run.last_val = float("nan")
+    run.divergence.best_val = float("inf")
+    run.write_summary(status="unstable")
+
+    def refuse(c):
+        raise ValueError(f"non-strict JSON constant {c}")
+
+    s = json.loads((run.dir / "summary.json").read_text(), parse_constant=refuse)
+    assert s["final_val_loss"] is None and s["non_finite"]["final_val_loss"] == "nan"

@@ -72,3 +72,19 @@ def test_lock_of_another_host_is_broken_only_without_heartbeat(tmp_path, capsys)
         RunLock(tmp_path / "free")
     lock.release()
     RunLock(tmp_path / "free").release()
+
+
+# -- moved from the issue-13 file: the holder's heartbeat ----------
+
+def test_lock_holder_keeps_its_heartbeat(tmp_path, monkeypatch):
+    import mwm.lock
+
+    monkeypatch.setattr(mwm.lock, "HEARTBEAT_S", 0.05)
+    lock = mwm.lock.RunLock(tmp_path)
+    old = time.time() - 3600
+    os.utime(lock.path, (old, old))
+    t0 = time.time()
+    while lock.path.stat().st_mtime < t0 - 1 and time.time() - t0 < 10:
+        time.sleep(0.05)
+    assert lock.path.stat().st_mtime >= t0 - 1
+    lock.release()

@@ -13,7 +13,7 @@ import pytest
 import fakedata
 from mwm.config import load_config
 from mwm.owner import OWNER_FILE, TAKE_OVER_ENV, OwnerError, check_owner, claim, owner_path
-from test_reliability import HAS_SNAKEMAKE, repo_copy, snakemake_in
+from fakedata import HAS_SNAKEMAKE, repo_copy, snakemake_in
 
 
 def _cfg(path, **over):

@@ -7,6 +7,7 @@ import pytest
 
 import mwm.paths as paths
 from mwm.paths import UnsafePathError
+from mwm.runs import checkpoint_dir, run_dir
 
 
 def test_the_filesystem_root_is_no_output_root():
@@ -45,3 +46,28 @@ def test_a_new_or_existing_folder_is_accepted_and_nothing_is_created(tmp_path):
     assert paths.check_out_root(tmp_path) == tmp_path
     assert paths.check_out_root(tmp_path / "a" / "b") == tmp_path / "a" / "b"
     assert list(tmp_path.iterdir()) == []
+
+
+# -- moved from the issue-13 file: paths stay inside their parent ----------
+
+def test_inside_refuses_escapes(tmp_path):
+    from mwm.paths import UnsafePathError, inside
+
+    assert inside(tmp_path, "ci", "hetero", "seed0") == tmp_path / "ci" / "hetero" / "seed0"
+    for parts in ([".."], ["."], ["ci", ".."], ["a/../.."], ["/etc"], ["ci", ""]):
+        with pytest.raises(UnsafePathError):
+            inside(tmp_path, *parts)
+    # a symlink you make on purpose (a data folder on another disk) is followed
+    (tmp_path / "link").symlink_to(tmp_path.parent)
+    assert inside(tmp_path, "link") == tmp_path / "link"
+    for build in (run_dir, checkpoint_dir):
+        with pytest.raises(UnsafePathError):
+            build(tmp_path, "..", "hetero", 0)
+        with pytest.raises(UnsafePathError):
+            build(tmp_path, "ci", "..", 0)
+
+
+def test_data_folder_stays_inside_data_root(tmp_path):
+    from mwm.data import dataset_dir
+
+    assert dataset_dir({"corpus": "shakespeare"}, root=tmp_path).parent == tmp_path

@@ -138,3 +138,24 @@ def test_a_run_that_is_not_the_configs_own_is_refused_naming_the_keys(results, t
     p.write_text(json.dumps(dict(s, config_hash="0123456789abcdef")))
     with pytest.raises(ReportError, match="config_hash 0123456789abcdef is not the config's"):
         build(cfg, copy, tmp_path / "pf4")
+
+
+# -- moved from the issue-13 file: the report checks the logs back each summary ----------
+
+def test_report_refuses_a_summary_its_logs_do_not_back(tmp_path, fake_data):
+    """What an interrupted rerun left before the fix: the old summary over logs cut to step 0."""
+    from mwm.report.load import ReportError, load_runs
+
+    rc, d = fakedata.run_main(tmp_path, grid__assignments=["none"])
+    assert rc == 0
+    cfg = load_config(tmp_path / "tiny.yaml")
+    assert len(load_runs(cfg, tmp_path / "out")) == 1
+    for name in ("metrics.csv", "eval.csv"):
+        lines = (d / name).read_text().splitlines()
+        (d / name).write_text("\n".join(lines[:2]) + "\n")
+    with pytest.raises(ReportError, match=r"metrics\.csv.*do not back"):
+        load_runs(cfg, tmp_path / "out")
+    s = json.loads((d / "summary.json").read_text())
+    (d / "summary.json").write_text(json.dumps(dict(s, status="running")))
+    with pytest.raises(ReportError, match="not a finished run"):
+        load_runs(cfg, tmp_path / "out")

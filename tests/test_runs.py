@@ -63,7 +63,7 @@ def test_workflow_names_a_finished_run_that_is_not_the_configs_at_load(tmp_path)
     plans to set it aside (its marker is an input of its train job)."""
     import pytest
 
-    from test_reliability import HAS_SNAKEMAKE, repo_copy, snakemake_in
+    from fakedata import HAS_SNAKEMAKE, repo_copy, snakemake_in
 
     if not HAS_SNAKEMAKE:
         pytest.skip("snakemake not installed")
@@ -103,7 +103,7 @@ def test_snakemake_retrains_a_finished_run_that_is_not_the_configs(tmp_path):
     `snakemake -n all` has nothing to do. (The ci config with two runs: the whole DAG, cheaper.)"""
     import pytest
 
-    from test_reliability import HAS_SNAKEMAKE, repo_copy, snakemake_in
+    from fakedata import HAS_SNAKEMAKE, repo_copy, snakemake_in
 
     if not HAS_SNAKEMAKE:
         pytest.skip("snakemake not installed")

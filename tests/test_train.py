@@ -12,6 +12,7 @@ import torch
 import fakedata
 from mwm.config import load_config
 from mwm.train import EXIT_PREEMPTED, DivergenceMonitor, Run, main
+import pickle
 
 LOSS_COLS = ("step", "train_loss", "lr", "muon_lr")
 
@@ -333,3 +334,127 @@ def test_bad_seed_and_output_roots_are_refused_before_the_run(tmp_path, monkeypa
     err = capsys.readouterr().err
     assert rc == 2 and needle in err and "Traceback" not in err
     assert started == [] and not (tmp_path / "o").exists()
+
+
+# -- moved from the issue-13 file: interrupted reruns, checkpoints, command line, signals ----------
+
+def test_interrupted_rerun_leaves_no_summary_the_logs_do_not_back(tmp_path):
+    cfg = fakedata.write_config(tmp_path / "tiny.yaml", train__max_iters=300, train__lr_decay_iters=300,
+                                train__eval_interval=100, train__checkpoint_interval=100)
+    out = tmp_path / "out"
+    d = out / "runs" / "tiny" / "none" / "seed0"
+    first = subprocess.run(fakedata.child_cmd(cfg, out), capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert json.loads((d / "summary.json").read_text())["status"] == "completed" and (d / "final.pt").exists()
+    proc = subprocess.Popen(fakedata.child_cmd(cfg, out), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        for line in proc.stdout:  # the rerun has started once it reports its parameter count
+            if "parameters" in line:
+                break
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait()
+    if (d / "summary.json").exists():  # only a summary the logs back may stay
+        s = json.loads((d / "summary.json").read_text())
+        rows = len((d / "metrics.csv").read_text().splitlines()) - 1
+        assert s["status"] != "completed" or rows == s["steps_done"], (s, rows)
+    assert not (d / "final.pt").exists()
+    assert not list((d / "spectra").glob("step_*.npz")) or \
+        max(int(p.stem[5:]) for p in (d / "spectra").glob("step_*.npz")) <= 0
+
+
+class _Evil:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.write_text, (Path(self.marker), "pwned"))
+
+
+def test_planted_pickle_checkpoint_is_refused_and_runs_no_code(tmp_path, fake_data, capsys):
+    marker = tmp_path / "PWNED"
+    ck = tmp_path / "out" / "checkpoints" / "tiny" / "none" / "seed0" / "ckpt.pt"
+    ck.parent.mkdir(parents=True)
+    with open(ck, "wb") as fh:
+        pickle.dump({"step": 4, "x": _Evil(marker)}, fh)
+    # old torch.save zip layout as well: torch.save of an object that runs code when unpickled
+    rc, d = fakedata.run_main(tmp_path)
+    assert not marker.exists()
+    assert rc == 2 and "ckpt.pt" in capsys.readouterr().err
+    torch.save({"step": 4, "x": _Evil(marker)}, ck)
+    rc, d = fakedata.run_main(tmp_path)
+    assert not marker.exists()
+    assert rc == 2 and "weights only" in capsys.readouterr().err
+
+
+def test_real_checkpoints_load_as_weights_only(tmp_path, fake_data):
+    from mwm.train import Run
+
+    cfg = load_config(fakedata.write_config(tmp_path / "tiny.yaml"))
+    run = Run(cfg, "hetero", 0, "paper", tmp_path / "out")
+    run.open_logs(0)
+    run.step = 4
+    run.save_checkpoint()
+    ck = torch.load(run.ckpt_path, weights_only=True)
+    assert ck["step"] == 4
+
+
+def test_stale_logs_without_header_start_the_run_afresh(tmp_path, fake_data):
+    """A checkpoint whose logs do not reach it (here: metrics.csv without its header, in the
+    run folder and beside the checkpoint, as after two processes wrote one run folder) starts
+    the run afresh: the stale logs and checkpoint go, the run completes as a fresh one would."""
+    from mwm.train import Run
+
+    cfg = load_config(fakedata.write_config(tmp_path / "tiny.yaml"))
+    run = Run(cfg, "none", 0, "paper", tmp_path / "out")
+    run.open_logs(0)
+    run.step = 4
+    run.save_checkpoint()
+    stale = "".join(f"{i},4.1,0.0006,0.02,0.01,100,0.005,0.5\n" for i in range(2))  # no header, short
+    for folder in (run.dir, run.folder.mirror):
+        (folder / "metrics.csv").write_text(stale)
+    rc, d = fakedata.run_main(tmp_path)
+    assert rc == 0 and d == run.dir
+    assert json.loads((d / "summary.json").read_text())["status"] == "completed"
+    assert not run.ckpt_path.exists() and not run.folder.mirror.exists()
+    rc, ref = fakedata.run_main(tmp_path, out="ref")
+    assert rc == 0
+    for name in ("eval.csv", "spectral.csv", "attention.csv"):
+        assert (d / name).read_text() == (ref / name).read_text(), name
+    rows = [r.split(",")[:4] for r in (d / "metrics.csv").read_text().splitlines()]
+    assert rows == [r.split(",")[:4] for r in (ref / "metrics.csv").read_text().splitlines()]
+    assert rows[0][0] == "step" and len(rows) == 1 + cfg["train"]["max_iters"]
+
+
+@pytest.mark.parametrize("args,needle", [(["--seed", "-1"], "--seed"), (["--threads", "-1"], "--threads"),
+                                         (["--threads", "0"], "--threads")])
+def test_negative_seed_and_threads_are_refused(tmp_path, fake_data, capsys, args, needle):
+    from mwm.train import main
+
+    cfg = fakedata.write_config(tmp_path / "tiny.yaml")
+    argv = ["--config", str(cfg), "--assignment", "none", "--seed", "0", "--out", str(tmp_path / "o")] + args
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2 and needle in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_colnorm_of_an_assignment_without_dgram_is_refused(tmp_path, fake_data, capsys):
+    rc, d = fakedata.run_main(tmp_path, assignment="none-colnorm")
+    assert rc == 2 and "colnorm" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_sigint_checkpoints_like_sigterm(tmp_path):
+    from mwm.train import EXIT_PREEMPTED
+
+    cfg = fakedata.write_config(tmp_path / "tiny.yaml", train__max_iters=5000, train__lr_decay_iters=5000,
+                                train__eval_interval=5000, train__checkpoint_interval=5000)
+    out = tmp_path / "out"
+    d = out / "runs" / "tiny" / "none" / "seed0"
+    proc = subprocess.Popen(fakedata.child_cmd(cfg, out), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    fakedata.wait_for(lambda: (d / "metrics.csv").exists() and len((d / "metrics.csv").read_text().splitlines()) > 3, proc)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == EXIT_PREEMPTED
+    ck = torch.load(out / "checkpoints" / "tiny" / "none" / "seed0" / "ckpt.pt", weights_only=True)
+    assert ck["step"] >= 3

@@ -17,6 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+import shlex
+import shutil
+from fakedata import HAS_SNAKEMAKE, repo_copy, snakemake_in
+from mwm.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -242,3 +246,72 @@ def test_snakemake_refuses_an_alias_bomb_at_once(tmp_path):
         pytest.fail("snakemake -n on an alias bomb did not end within 60 s")
     assert res.returncode != 0
     assert f"config {path} holds more than 100,000 values once its YAML aliases are expanded" in res.stdout + res.stderr
+
+
+# -- moved from the issue-13 file: the workflow in a throwaway copy ----------
+
+@pytest.mark.skipif(not HAS_SNAKEMAKE, reason="snakemake not installed")
+@pytest.mark.parametrize("name", ["..", "."])
+def test_workflow_refuses_dotdot_name_in_a_throwaway_copy(tmp_path, name):
+    """`name: ".."` made the report's directory() output the repository itself (Snakemake
+    deletes it before the job). Dry run in a copy: refused before any job is planned."""
+    repo = repo_copy(tmp_path / "repo")
+    cfg = yaml.safe_load((repo / "config" / "ci.yaml").read_text())
+    cfg["name"] = name
+    (repo / "bad.yaml").write_text(yaml.safe_dump(cfg))
+    proc = snakemake_in(repo, "--configfile", "bad.yaml", "--dry-run", "--nolock", "--cores", "1", "all")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    assert "name" in out and "paper_figures/.." not in out and "Job stats" not in out, out[-3000:]
+    assert (repo / "Snakefile").exists() and (repo / "src").is_dir()
+
+
+@pytest.mark.skipif(not HAS_SNAKEMAKE, reason="snakemake not installed")
+def test_rules_quote_a_config_path_with_a_space(tmp_path):
+    repo = repo_copy(tmp_path / "repo")
+    cfg_dir = repo / "my configs"
+    cfg_dir.mkdir()
+    shutil.copy(repo / "config" / "ci.yaml", cfg_dir / "ci.yaml")
+    proc = snakemake_in(repo, "--configfile", "my configs/ci.yaml", "--dry-run", "--printshellcmds",
+                        "--forceall", "--nolock", "--cores", "1", "all")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    cmds = [line.split("Shell command: ", 1)[-1] for line in out.splitlines() if "python -m mwm." in line]
+    assert len(cmds) >= 5
+    for cmd in cmds:
+        argv = shlex.split(cmd)
+        assert Path(argv[argv.index("--config") + 1]).resolve() == (cfg_dir / "ci.yaml").resolve(), cmd
+
+
+@pytest.mark.skipif(not HAS_SNAKEMAKE, reason="snakemake not installed")
+def test_plain_snakemake_reruns_incomplete_jobs(tmp_path):
+    """What a Ctrl-C leaves: outputs Snakemake marked incomplete (its .snakemake/incomplete
+    record). The plain command, without --profile, must plan to redo the job, not stop."""
+    from base64 import urlsafe_b64encode
+
+    from mwm.data import dataset_dir
+
+    repo = repo_copy(tmp_path / "repo")
+    data = dataset_dir(load_config(repo / "config" / "ci.yaml")["data"])
+    (repo / data).mkdir(parents=True)
+    for f in ("train.bin", "val.bin", "meta.json"):
+        (repo / data / f).write_text("partial")
+    marker = repo / ".snakemake" / "incomplete" / urlsafe_b64encode(str(data / "meta.json").encode()).decode()
+    marker.parent.mkdir(parents=True)
+    marker.write_text(json.dumps({"external_jobid": None}))
+    proc = snakemake_in(repo, "--configfile", "config/ci.yaml", "--dry-run", "--cores", "2", "all")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "IncompleteFilesException" not in out and "rule prepare_data" in out, out[-3000:]
+
+
+@pytest.mark.skipif(not HAS_SNAKEMAKE, reason="snakemake not installed")
+def test_workflow_accepts_exponent_numbers(tmp_path):
+    repo = repo_copy(tmp_path / "repo")
+    text = (repo / "config" / "ci.yaml").read_text()
+    assert "max_iters: " in text
+    import re
+
+    (repo / "e.yaml").write_text(re.sub(r"max_iters: \d+", "max_iters: 3e1", text))
+    proc = snakemake_in(repo, "--configfile", "e.yaml", "--dry-run", "--nolock", "--cores", "1", "all")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
