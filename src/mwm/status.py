@@ -20,7 +20,10 @@ A run's step count is out of the ``max_iters`` it ran with (its summary's), and 
 report is the solver study alone (``workflow.report: solvers``) lists no training runs.
 
 Under the tables: the wall and CPU time of every finished job, summed per stage, from
-Snakemake's benchmark files (``logs/<config>/benchmarks/<stage>/*.tsv``, one per job), and
+Snakemake's benchmark files (``logs/<config>/benchmarks/<stage>/*.tsv``, one per job; the
+wall time is exact, the CPU time a lower bound: Snakemake samples a job's CPU time every 30 s
+once it has run 30 s and misses what the job used after the last sample, up to half of a
+one-minute job), and
 one ETA line for the whole DAG: the running runs' own ETAs, plus each job still to come at
 its stage's benchmarked mean (training jobs without a benchmark yet: the finished or running
 runs' ms/step times max_iters), spread over ``--jobs`` jobs at once (default: the number of
@@ -237,19 +240,19 @@ def read_benchmarks(logs: Path) -> dict[str, dict[str, dict]]:
 
 
 def stage_times(bench: dict[str, dict[str, dict]]) -> list[list[str]]:
-    """Rows (stage, jobs, wall, CPU, CPU share) of the finished jobs, in DAG order, and a total."""
+    """Rows (stage, jobs, wall, CPU, wall share) of the finished jobs, in DAG order, and a total.
+    The share is of the jobs' wall time, which Snakemake measures exactly (its CPU time is sampled)."""
     order = [s for s in STAGES if s in bench] + sorted(set(bench) - set(STAGES))
     cpu = {s: sum(j["cpu_time"] or 0.0 for j in bench[s].values()) for s in order}
-    total_cpu = sum(cpu.values())
+    wall = {s: sum(j["s"] for j in bench[s].values()) for s in order}
+    total_wall = sum(wall.values())
     rows = []
     for s in order:
-        wall = sum(j["s"] for j in bench[s].values())
-        rows.append([s, str(len(bench[s])), _duration(wall), _duration(cpu[s]),
-                     f"{100 * cpu[s] / total_cpu:.0f}%" if total_cpu > 0 else "-"])
+        rows.append([s, str(len(bench[s])), _duration(wall[s]), _duration(cpu[s]),
+                     f"{100 * wall[s] / total_wall:.0f}%" if total_wall > 0 else "-"])
     if rows:
-        rows.append(["total", str(sum(len(bench[s]) for s in order)),
-                     _duration(sum(j["s"] for s in order for j in bench[s].values())), _duration(total_cpu),
-                     "100%" if total_cpu > 0 else "-"])
+        rows.append(["total", str(sum(len(bench[s]) for s in order)), _duration(total_wall),
+                     _duration(sum(cpu.values())), "100%" if total_wall > 0 else "-"])
     return rows
 
 
@@ -333,7 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     print()
     if bench:
         print("finished jobs per stage (Snakemake benchmarks, " + str(Path(a.logs) / cfg["name"] / "benchmarks") + "):")
-        print(_table(["stage", "jobs", "wall", "CPU", "CPU share"], stage_times(bench)))
+        print(_table(["stage", "jobs", "wall", "CPU (sampled)", "wall share"], stage_times(bench)))
+        print("  CPU (sampled): Snakemake reads a job's CPU time every 30 s, so this misses up to 30 s a job "
+              "(a lower bound); time the whole DAG with /usr/bin/time -v for its total")
     else:
         print(f"no Snakemake benchmarks yet under {Path(a.logs) / cfg['name'] / 'benchmarks'}")
     eta, how = dag_eta(runs, prods, bench, a.jobs)
