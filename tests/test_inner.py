@@ -61,3 +61,21 @@ def test_result_turns_directions_back_to_the_callers_orientation():
     out = result(A, None, None, 4, [torch.ones(2), torch.zeros(2)], {2: A}, transposed=True)
     assert out.A.shape == (2, 3, 5) and out.snapshots[2].shape == (2, 3, 5)
     assert out.violations.shape == (2, 2) and out.iterations == 4 and out.stopped is None
+
+
+def test_a_solver_called_without_settings_uses_the_schemas_defaults():
+    from mwm.config import defaults
+    from mwm.dual_ascent import dual_ascent
+    from mwm.inner import or_default
+    from mwm.solvers import admm
+
+    train = defaults("train")
+    assert or_default(None, "dual_ascent_alpha") == train["dual_ascent_alpha"] and or_default(0.3, "dual_ascent_alpha") == 0.3
+    torch.manual_seed(0)
+    W, G = torch.linalg.qr(torch.randn(24, 6))[0], torch.randn(24, 6)
+    a = dual_ascent(W, G, "stiefel")
+    b = dual_ascent(W, G, "stiefel", alpha=train["dual_ascent_alpha"], steps=train["dual_ascent_steps"])
+    assert a.iterations == train["dual_ascent_steps"] and torch.equal(a.A, b.A)
+    c = admm(W, G, "stiefel")
+    d = admm(W, G, "stiefel", rho=train["admm_rho"], steps=train["dual_ascent_steps"])
+    assert torch.equal(c.A, d.A)

@@ -44,7 +44,8 @@ from typing import Iterable
 
 import torch
 
-from .inner import InnerResult, Tolerance, check_inputs, check_iterations, result, start_multiplier, tall_pair
+from .inner import (InnerResult, Tolerance, check_inputs, check_iterations, or_default, result, start_multiplier,
+                    tall_pair)
 from .manifolds import Manifold, get_manifold, rms
 from .msign import (DEFAULT_STEPS, GRAM_RESTART, check_precision, choose_order, frobenius_scale, msign,
                     polar_express_gram)
@@ -178,8 +179,8 @@ def dual_ascent(
     W: torch.Tensor,
     G: torch.Tensor,
     manifold: Manifold | str = "stiefel",
-    alpha: float = 0.1,
-    steps: int = 20,
+    alpha: float | None = None,
+    steps: int | None = None,
     tol: float | None = None,
     record_violations: bool = False,
     snapshots: Iterable[int] = (),
@@ -212,6 +213,7 @@ def dual_ascent(
     ``-1/4 P(W^T G + G^T W)``.
     """
     check_inputs(W, G)
+    alpha, steps = or_default(alpha, "dual_ascent_alpha"), or_default(steps, "dual_ascent_steps")
     snaps = check_iterations("dual ascent", steps, snapshots)
     if method not in METHODS:
         raise ValueError(f"unknown dual ascent method {method!r}; choose one of {', '.join(METHODS)}")
@@ -270,8 +272,8 @@ def manifold_muon_update(
     G: torch.Tensor,
     manifold: Manifold | str,
     eta: float,
-    alpha: float = 0.1,
-    steps: int = 20,
+    alpha: float | None = None,
+    steps: int | None = None,
     *,
     tol: float | None = None,
     method: str = "auto",

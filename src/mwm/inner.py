@@ -11,7 +11,7 @@ import torch
 
 from .manifolds import to_tall
 
-__all__ = ["InnerResult", "check_inputs", "check_iterations", "tall_pair", "start_multiplier", "Tolerance",
+__all__ = ["InnerResult", "or_default", "check_inputs", "check_iterations", "tall_pair", "start_multiplier", "Tolerance",
            "result"]
 
 
@@ -34,6 +34,16 @@ class InnerResult:
     iterations: int = 0
     Lambda: torch.Tensor | None = None
     stopped: torch.Tensor | None = None
+
+
+def or_default(value, key: str):
+    """``value``, or the schema's default of ``train.<key>`` (the paper's setting; the schema is the
+    one home of the defaults, so a solver called without it uses the same as a config without it)."""
+    if value is not None:
+        return value
+    from .config import defaults
+
+    return defaults("train")[key]
 
 
 def check_inputs(W: torch.Tensor, G: torch.Tensor) -> None:

@@ -49,7 +49,7 @@ import torch
 
 from . import names
 from .dual_ascent import METHODS, DualAscentResult, as_manifold, dual_ascent
-from .inner import Tolerance, check_inputs, check_iterations, result, start_multiplier, tall_pair
+from .inner import Tolerance, check_inputs, check_iterations, or_default, result, start_multiplier, tall_pair
 from .manifolds import rms
 from .msign import DEFAULT_STEPS, check_precision, msign
 
@@ -157,8 +157,8 @@ def admm(
     W: torch.Tensor,
     G: torch.Tensor,
     manifold="stiefel",
-    rho: float = 1.0,
-    steps: int = 20,
+    rho: float | None = None,
+    steps: int | None = None,
     tol: float | None = None,
     record_violations: bool = False,
     snapshots: Iterable[int] = (),
@@ -168,6 +168,7 @@ def admm(
 ) -> DualAscentResult:
     """ADMM on the inner problem (module doc); arguments as :func:`~mwm.dual_ascent.dual_ascent`."""
     check_inputs(W, G)
+    rho, steps = or_default(rho, "admm_rho"), or_default(steps, "dual_ascent_steps")
     snaps = check_iterations("ADMM", steps, snapshots)
     if not rho > 0:
         raise ValueError(f"ADMM needs rho > 0, got {rho}")
