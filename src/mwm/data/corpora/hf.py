@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 from ..errors import DataError
 from .openwebtext import NANOGPT_OPENWEBTEXT
-from .units import HF_UNIT_ROWS, RowsUnit, Source, UNIT_CHARS, split_indices
+from .units import HF_UNIT_ROWS, RowsUnit, Source, UNIT_CHARS, split_orders
 
 
 
@@ -57,11 +56,7 @@ class HFDataset(Source):
         # val_fraction, seed=seed, shuffle=True) picks (as nanoGPT calls it); the rows are read
         # by index in the workers, so nothing is written next to the dataset.
         self.worker_state = {"ds": self.ds}
-        if method == "tail":
-            orders = [("all", np.arange(self.n_docs))]
-        else:
-            train, val = split_indices(self.n_docs, val_fraction, seed)
-            orders = [("train", train), ("val", val)]
+        orders = split_orders(self.n_docs, method, val_fraction, seed)
         return [(name, self._rows(name, order)) for name, order in orders]
 
     def _rows(self, split, order):

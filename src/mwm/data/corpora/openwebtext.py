@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import workers
 from ..errors import DataError
-from .units import HF_UNIT_ROWS, Source, UNIT_CHARS, split_indices
+from .units import HF_UNIT_ROWS, Source, UNIT_CHARS, split_orders
 
 
 OWT_REPO = "Skylion007/openwebtext"
@@ -257,11 +257,7 @@ class OpenWebTextArchives(Source):
     def plan(self, method, val_fraction, seed, target=UNIT_CHARS):
         if self.folder is None:
             raise DataError("OpenWebTextArchives.plan before materialize")
-        if method == "tail":
-            orders = [("all", np.arange(self.n_docs))]
-        else:
-            train, val = split_indices(self.n_docs, val_fraction, seed)
-            orders = [("train", train), ("val", val)]
+        orders = split_orders(self.n_docs, method, val_fraction, seed)
         return [(name, self._units(name, order)) for name, order in orders]
 
     def _units(self, split, order):

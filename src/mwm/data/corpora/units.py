@@ -20,6 +20,15 @@ HF_UNIT_ROWS = 256        # rows of a Hugging Face dataset per work unit
 READ_BLOCK = 1 << 20      # bytes read from a text file at a time
 
 
+def split_orders(n_docs: int, method: str, val_fraction: float, seed: int) -> list[tuple[str, np.ndarray]]:
+    """``[(split, document indices)]`` of a source read by index: ``all`` in order for the ``tail``
+    split (cut by tokens later), else ``train`` and ``val`` by :func:`split_indices`."""
+    if method == "tail":
+        return [("all", np.arange(n_docs))]
+    train, val = split_indices(n_docs, val_fraction, seed)
+    return [("train", train), ("val", val)]
+
+
 def split_indices(n: int, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """(train, val) document indices, as ``Dataset.train_test_split(test_size=val_fraction,
     seed=seed, shuffle=True)`` of Hugging Face datasets picks them."""
