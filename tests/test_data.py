@@ -385,10 +385,11 @@ def prepared(tmp_path, monkeypatch):
     return tmp_path / folder, cfg
 
 
-def _train(cfg, out):
-    from mwm.train import main
-
-    return main(["--config", str(cfg), "--assignment", "none", "--seed", "0", "--out", str(out)])
+def _train(cfg, out) -> subprocess.CompletedProcess:
+    """Trains in a child process, so torch's thread pool never starts in this one: later tests here
+    fork data workers, and a fork of a process whose OpenMP threads have run can hang."""
+    return subprocess.run([sys.executable, "-m", "mwm.train", "--config", str(cfg), "--assignment", "none",
+                           "--seed", "0", "--out", str(out)], capture_output=True, text=True, timeout=300)
 
 
 def _rewrite_meta(folder, edit):
@@ -401,15 +402,15 @@ def _rewrite_meta(folder, edit):
     (folder / "meta.json").write_text(json.dumps(meta, indent=1))
 
 
-def test_training_refuses_a_flipped_byte_in_val_bin(prepared, capsys):
+def test_training_refuses_a_flipped_byte_in_val_bin(prepared):
     folder, cfg = prepared
-    assert _train(cfg, "ok") == 0
+    assert _train(cfg, "ok").returncode == 0
     raw = bytearray((folder / "val.bin").read_bytes())
     raw[10] ^= 1  # same size: the open-time size check cannot see it
-    st = (folder / "val.bin").stat()
     (folder / "val.bin").write_bytes(bytes(raw))
-    assert _train(cfg, "bad") == 2
-    err = capsys.readouterr().err
+    bad = _train(cfg, "bad")
+    err = bad.stderr
+    assert bad.returncode == 2, err
     assert "val.bin" in err and "sha256" in err, err
     assert not Path("bad/runs").exists() or not list(Path("bad").rglob("summary.json"))
 
@@ -442,10 +443,10 @@ def test_edited_vocab_size_in_meta_is_refused(prepared, capsys):
     assert data_main(["info", str(folder), "--verify"]) == 1
     err = capsys.readouterr().err
     assert "meta.json" in err and "vocab_size" in err, err
-    assert _train(cfg, "x") == 2
+    assert _train(cfg, "x").returncode == 2
 
 
-def test_token_id_outside_the_vocabulary_names_file_and_offset(prepared, capsys):
+def test_token_id_outside_the_vocabulary_names_file_and_offset(prepared):
     from mwm.data.reader import sha256_file
 
     folder, cfg = prepared
@@ -453,9 +454,9 @@ def test_token_id_outside_the_vocabulary_names_file_and_offset(prepared, capsys)
     ids[123] = 1000  # vocab is 65
     ids.tofile(folder / "train.bin")
     _rewrite_meta(folder, lambda m: m["splits"]["train"].update(sha256=sha256_file(folder / "train.bin")))
-    assert _train(cfg, "x") == 2
-    err = capsys.readouterr().err
-    assert "train.bin" in err and "offset 123" in err and "1000" in err, err
+    run = _train(cfg, "x")
+    err = run.stderr
+    assert run.returncode == 2 and "train.bin" in err and "offset 123" in err and "1000" in err, err
 
 
 def test_full_disk_in_prepare_is_one_clear_line(tmp_path, monkeypatch, capsys):
