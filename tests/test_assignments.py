@@ -42,3 +42,34 @@ def test_unknown_assignment_and_dead_pattern_are_errors():
         resolve_assignment(params, {"*.attn.q_proj.*": "stiefel"})
     with pytest.raises(ValueError, match="unknown manifold 'spd'"):
         resolve_assignment(params, {"*.attn.*": "spd"})
+
+
+def test_attn_sigma_cap_puts_dgram_attention_in_a_capped_group_and_bounds_its_singular_values():
+    import torch
+
+    from mwm.assignments import build_optimizers
+    from mwm.solvers import SolverSettings
+
+    torch.manual_seed(0)
+    model = tiny_gpt()
+    solver = SolverSettings.defaults()
+    opts = build_optimizers(model, "dgram", muon_lr=2.0, attn_sigma_cap=1.0, solver=solver)
+    capped = [g for g in opts.muon.param_groups if g.get("sigma_cap") is not None]
+    assert len(capped) == 1 and capped[0]["manifold"] == "dgram" and capped[0]["sigma_cap"] == 1.0
+    assert sorted(capped[0]["names"]) == sorted(n for n in dict(model.named_parameters()) if ".attn.c_" in n)
+    for _ in range(5):  # eta 2: uncapped, DGram column norms would grow far past 1
+        x = torch.randint(0, 16, (4, 8))
+        opts.zero_grad()
+        model(x, x)[1].backward()
+        opts.step()
+    named = dict(model.named_parameters())
+    attn = [named[n] for n in capped[0]["names"]]
+    mlp = [p for n, p in named.items() if ".mlp.c_" in n]
+    assert max(float(torch.linalg.matrix_norm(p.detach(), ord=2)) for p in attn) <= 1.0 + 1e-2
+    assert max(float(torch.linalg.matrix_norm(p.detach(), ord=2)) for p in mlp) > 1.5  # the MLP is not capped
+    # without the cap the groups are what they were: one per manifold, no sigma_cap key
+    plain = build_optimizers(tiny_gpt(), "dgram", solver=solver)
+    assert [g["manifold"] for g in plain.muon.param_groups] == ["dgram"]
+    assert all("sigma_cap" not in g for g in plain.muon.param_groups)
+    with pytest.raises(ValueError, match="attn_sigma_cap"):
+        build_optimizers(tiny_gpt(), "dgram", attn_sigma_cap=0.0, solver=solver)

@@ -2,7 +2,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from mwm.manifolds import MANIFOLDS, get_manifold, retract_dgram_svd
+from mwm.manifolds import MANIFOLDS, cap_column_norms, get_manifold, retract_dgram_svd
 
 SHAPES = [(48, 16), (32, 32), (16, 48), (3, 40, 12)]
 
@@ -99,3 +99,28 @@ def test_bad_manifold_name_is_clear():
     with pytest.raises(ValueError, match="unknown DGram retraction"):
         get_manifold("dgram", "qr")
     assert set(MANIFOLDS) == {"stiefel", "dgram", "oblique"}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_cap_column_norms_clips_dgram_singular_values_and_keeps_the_constraint(shape):
+    # the intervention of grid.intervention: on DGram the singular values are the column norms
+    torch.manual_seed(1)
+    dg = get_manifold("dgram")
+    W = dg.retract(torch.randn(*shape) * 0.5)
+    T = W if W.shape[-2] >= W.shape[-1] else W.mT
+    norms = T.norm(dim=-2)
+    cap = float(norms.median())
+    C = cap_column_norms(W, cap)
+    Ct = C if C.shape[-2] >= C.shape[-1] else C.mT
+    assert torch.linalg.matrix_norm(C, ord=2).max() <= cap * (1 + 1e-4)
+    assert dg.constraint_residual(C).max() < on_manifold_tol("dgram")  # off(W^T W) = 0 kept
+    below = norms <= cap
+    assert torch.allclose(Ct.norm(dim=-2)[below], norms[below])  # columns under the cap untouched
+    assert torch.allclose(Ct.norm(dim=-2)[~below], torch.full_like(norms[~below], cap), rtol=1e-5)
+    assert torch.equal(cap_column_norms(W, float(norms.max()) * 2), W)  # a cap that never bites changes nothing
+
+
+def test_cap_column_norms_refuses_a_cap_that_is_not_positive():
+    for cap in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="cap"):
+            cap_column_norms(torch.ones(4, 2), cap)

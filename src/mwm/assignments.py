@@ -185,6 +185,7 @@ def build_optimizers(
     dgram_retraction: str = "paper",
     init_on_manifold: bool = True,
     solver: SolverSettings | None = None,
+    attn_sigma_cap: float | None = None,
 ) -> Optimizers:
     """Split ``model``'s parameters as the paper does and build both optimizers.
 
@@ -192,18 +193,23 @@ def build_optimizers(
     Muon: one group per manifold; plain Muon gets ``weight_decay``, the
     constrained groups get none (it would push them off the manifold).
     ``solver``: the inner solve's settings and every msign's (:class:`~mwm.solvers.SolverSettings`;
-    None: the schema's defaults).
+    None: the schema's defaults). ``attn_sigma_cap``: the DGram attention weights go to a group of
+    their own whose singular values are capped at it after every retraction (``train.attn_sigma_cap``,
+    the intervention of :mod:`mwm.sweep`); None: no cap, as in the paper.
     """
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     plan = resolve_assignment(named, assignment)
     decay, no_decay = [], []
-    muon_groups: dict[str, tuple[list, list]] = {}
+    if attn_sigma_cap is not None and not attn_sigma_cap > 0:
+        raise ValueError(f"attn_sigma_cap must be > 0 (or None), got {attn_sigma_cap!r}")
+    muon_groups: dict[tuple[str, bool], tuple[list, list]] = {}
     for n, p in named:
         target = plan[n]
         if target == ADAMW:
             (decay if p.ndim >= 2 else no_decay).append(p)
         else:
-            names, params = muon_groups.setdefault(target, ([], []))
+            capped = attn_sigma_cap is not None and target == "dgram" and module_kind(n, p) == "attn"
+            names, params = muon_groups.setdefault((target, capped), ([], []))
             names.append(n)
             params.append(p)
     adamw_groups = [g for g in ({"params": decay, "weight_decay": weight_decay},
@@ -213,8 +219,9 @@ def build_optimizers(
     if muon_groups:
         groups = [
             {"params": params, "names": names, "manifold": mf,
-             "weight_decay": weight_decay if mf == "none" else 0.0}
-            for mf, (names, params) in sorted(muon_groups.items())
+             "weight_decay": weight_decay if mf == "none" else 0.0,
+             **({"sigma_cap": float(attn_sigma_cap)} if capped else {})}
+            for (mf, capped), (names, params) in sorted(muon_groups.items())
         ]
         muon = ManifoldMuon(groups, lr=muon_lr, momentum=momentum, dgram_retraction=dgram_retraction,
                             init_on_manifold=init_on_manifold, solver=solver)

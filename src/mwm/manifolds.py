@@ -48,6 +48,7 @@ __all__ = [
     "to_tall",
     "rms",
     "retract_dgram_svd",
+    "cap_column_norms",
 ]
 
 MANIFOLDS = ("stiefel", "dgram", "oblique")
@@ -134,6 +135,21 @@ def retract_dgram_svd(W: torch.Tensor) -> torch.Tensor:
     def f(T):
         U, S, Vh = torch.linalg.svd(T, full_matrices=False)
         return (U @ Vh) * S.unsqueeze(-2)
+
+    return _tall_map(f, W)
+
+
+def cap_column_norms(W: torch.Tensor, cap: float) -> torch.Tensor:
+    """Scale down every column (of the tall orientation) whose norm exceeds ``cap`` to norm ``cap``;
+    the others are left as they are. On DGram (orthogonal columns) the singular values are the column
+    norms, so this clips them at ``cap`` and keeps ``off(W^T W) = 0``: the attention spectral cap of
+    the intervention (``train.attn_sigma_cap``, :mod:`mwm.sweep`)."""
+    if not cap > 0:
+        raise ValueError(f"the singular-value cap must be > 0, got {cap!r}")
+
+    def f(T):
+        norms = T.norm(dim=-2, keepdim=True)
+        return T * torch.where(norms > cap, cap / norms, torch.ones_like(norms))
 
     return _tall_map(f, W)
 

@@ -345,6 +345,7 @@ class Run:
             self.model, assignment_spec(cfg["grid"], assignment), adamw_lr=tc["learning_rate"], betas=(tc["beta1"], tc["beta2"]),
             weight_decay=tc["weight_decay"], muon_lr=tc["muon_lr"], momentum=tc["muon_momentum"],
             dgram_retraction=retraction, solver=SolverSettings.from_train(tc),
+            attn_sigma_cap=tc.get("attn_sigma_cap"),
         )
         self.model.to(self.device)
         self.opts.follow(self.model)
