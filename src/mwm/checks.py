@@ -4,7 +4,8 @@
 pattern onto the model's hidden-matrix names (:mod:`mwm.layout`: torch-free, no data):
 ``n_embd`` must divide by ``n_head``, and every pattern must match a hidden matrix; with
 ``studies.solvers.source: grid`` the captured runs must be in the grid and their window
-inside their training. ``rules/common.smk`` calls it when Snakemake loads the workflow, ``mwm.train`` before it
+inside their training; a learning-rate sweep and its intervention agree with the rest
+(:func:`mwm.sweep.check_sweep`). ``rules/common.smk`` calls it when Snakemake loads the workflow, ``mwm.train`` before it
 reads any data.
 
 :func:`check_splits` (in :mod:`mwm.data.splits`, so the data stage needs no training code)
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 from .config import ConfigError
 from .data.splits import check_splits, min_split_tokens
+from .sweep import check_sweep
 
 __all__ = ["check_config", "check_splits", "min_split_tokens"]
 
@@ -49,6 +51,7 @@ def check_config(cfg: dict, source: str | None = None) -> None:
         except ValueError as exc:
             raise ConfigError(f"{where}: grid.custom.{name}: {exc}") from exc
     _check_grid_capture(cfg, where)
+    check_sweep(cfg, where)
 
 
 def _check_grid_capture(cfg: dict, where: str) -> None:

@@ -33,7 +33,12 @@ def assignment_spec(grid: dict, name: str):
     """The assignment a grid name stands for: a named one, or a custom pattern mapping."""
     from .config import ConfigError
 
+    from .sweep import sweep_points
+
     custom = grid.get("custom", {})
+    point = sweep_points(grid).get(name)
+    if point is not None:  # a sweep variant trains its assignment (at its rate: run_config)
+        name = point[0]
     if name in custom:
         return dict(custom[name])
     if name in NAMED_ASSIGNMENTS:
@@ -78,7 +83,14 @@ def run_config(cfg: dict, assignment: str) -> dict:
     import copy
 
     from .config import ConfigError, validate
+    from .sweep import sweep_overrides, sweep_points
 
+    point = sweep_points(cfg["grid"]).get(assignment)
+    if point is not None:  # a sweep variant: its assignment's config, then its rate
+        base = run_config(cfg, point[0])
+        out = copy.deepcopy(base)
+        out["train"].update(sweep_overrides(base["train"], cfg["grid"]["sweep"], point[1]))
+        return validate(out, source=f"config {cfg['name']!r}, sweep variant {assignment}")
     over = cfg["grid"].get("train_overrides", {}).get(assignment)
     if not over:
         return cfg
@@ -190,7 +202,12 @@ def checkpoint_dir(root: str | Path, config_name: str, variant: str, seed: int) 
 
 def grid_variants(grid: dict) -> list[str]:
     """Every variant the config trains: its assignments, plus colnorm copies of the
-    DGram-using ones when ``retraction_ablation`` is on."""
+    DGram-using ones when ``retraction_ablation`` is on; with ``grid.sweep``, each
+    assignment at each rate instead (:func:`mwm.sweep.sweep_variants`)."""
+    from .sweep import sweep_variants
+
+    if grid.get("sweep"):
+        return sweep_variants(grid)
     out = list(grid["assignments"])
     if grid.get("retraction_ablation"):
         out += [variant_name(a, "colnorm", grid.get("custom")) for a in grid["assignments"]

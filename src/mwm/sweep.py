@@ -1,0 +1,133 @@
+"""Learning-rate sweeps (``grid.sweep``) and the attention spectral-cap intervention (``grid.intervention``).
+
+A sweep trains every assignment of the grid at each Muon step size (eta, ``train.muon_lr``) of
+``grid.sweep.muon_lr``. The run of assignment ``a`` at rate ``r`` is the variant ``a-eta<r>``
+(:func:`sweep_variant`, e.g. ``stiefel-eta0.04``): its folder, its Snakemake wildcard and its report
+label. It trains ``a`` (named or ``grid.custom``) with ``a``'s ``grid.train_overrides`` and then the
+rate: ``muon_lr = r``, and with ``adamw: scaled`` the AdamW ``learning_rate`` and ``min_lr`` multiplied
+by ``r / train.muon_lr`` (``fixed``: unchanged). ``train.muon_lr`` is the shared rate the paper used
+for every assignment; it must be one of the sweep's rates.
+
+``grid.intervention``: candidate -> baseline, like ``grid.solver_comparison``: the candidate trains
+the baseline's manifolds with ``train.attn_sigma_cap`` set (its only ``grid.train_overrides`` key),
+which caps the singular values of DGram attention weights after every retraction
+(:func:`mwm.manifolds.cap_column_norms`). The sweep report judges whether the cap restores stability
+at the baseline's first unstable rate.
+
+Torch-free: the Snakefile imports it.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ETA_TAG", "rate_label", "sweep_variant", "sweep_points", "sweep_variants", "sweep_overrides",
+           "check_sweep", "INTERVENTION_KEYS"]
+
+#: What joins an assignment and its rate in a sweep variant's name.
+ETA_TAG = "-eta"
+#: The train settings an intervention candidate may change (its grid.train_overrides).
+INTERVENTION_KEYS = ("attn_sigma_cap",)
+
+
+def rate_label(rate: float) -> str:
+    """A rate as it appears in a variant name: ``format(rate, "g")`` (0.005, 0.02, 1.28). The schema
+    bounds the rates to [1e-4, 1e3], where this has neither a sign nor an exponent."""
+    return format(float(rate), "g")
+
+
+def sweep_variant(assignment: str, rate: float) -> str:
+    """The variant name of ``assignment`` trained at Muon step size ``rate``."""
+    return f"{assignment}{ETA_TAG}{rate_label(rate)}"
+
+
+def sweep_points(grid: dict) -> dict[str, tuple[str, float]]:
+    """``{variant: (assignment, rate)}`` of every run of the sweep, in grid order (assignment, then
+    rate); empty without ``grid.sweep``."""
+    sweep = grid.get("sweep")
+    if not sweep:
+        return {}
+    return {sweep_variant(a, r): (a, float(r)) for a in grid["assignments"] for r in sweep["muon_lr"]}
+
+
+def sweep_variants(grid: dict) -> list[str]:
+    """The variants a sweep trains (its points), in grid order."""
+    return list(sweep_points(grid))
+
+
+def sweep_overrides(train: dict, sweep: dict, rate: float) -> dict:
+    """The train settings of a sweep point at ``rate``, given the assignment's merged ``train``
+    section: ``muon_lr``, and with ``adamw: scaled`` the AdamW rates scaled by ``rate / muon_lr``
+    (``muon_lr`` of ``train``, the shared rate)."""
+    over = {"muon_lr": float(rate)}
+    if sweep["adamw"] == "scaled":
+        f = float(rate) / float(train["muon_lr"])
+        over["learning_rate"] = train["learning_rate"] * f
+        over["min_lr"] = train["min_lr"] * f
+    return over
+
+
+def check_sweep(cfg: dict, where: str) -> None:
+    """Raise ConfigError for a sweep or intervention the rest of the config contradicts: the shared
+    rate (``train.muon_lr``) not among the rates, sweep variant names that clash with assignments,
+    the retraction ablation or a solver comparison beside a sweep (their report is the full one),
+    and an intervention whose pair is not in the grid, manifolds differ, or whose overrides are not
+    the cap alone."""
+    from .config import ConfigError
+    from .layout import model_shape
+    from .runs import assignment_spec
+
+    grid = cfg["grid"]
+    sweep = grid.get("sweep")
+    inter = grid.get("intervention") or {}
+    report = cfg["workflow"]["report"]
+    if bool(sweep) != (report == "sweep"):
+        raise ConfigError(f"{where}: workflow.report: {report} and grid.sweep: {sweep!r}: a sweep is reported by "
+                          "workflow.report: sweep, and that report needs grid.sweep")
+    if inter and not sweep:
+        raise ConfigError(f"{where}: grid.intervention needs grid.sweep (the sweep report judges it)")
+    if sweep:
+        shared = float(cfg["train"]["muon_lr"])
+        if not any(abs(float(r) - shared) <= 1e-12 * shared for r in sweep["muon_lr"]):
+            raise ConfigError(f"{where}: grid.sweep.muon_lr: {sweep['muon_lr']} does not include train.muon_lr "
+                              f"{shared:g}, the shared rate the sweep compares against")
+        labels = [rate_label(r) for r in sweep["muon_lr"]]
+        if len(set(labels)) != len(labels):
+            raise ConfigError(f"{where}: grid.sweep.muon_lr: {sweep['muon_lr']}: two rates share a variant "
+                              f"name ({labels})")
+        for key in ("retraction_ablation", "solver_comparison"):
+            if grid.get(key):
+                raise ConfigError(f"{where}: grid.{key}: {grid[key]!r} cannot be combined with grid.sweep (the "
+                                  "sweep's report has no ablation or solver comparison); set it off")
+        clash = sorted(set(sweep_points(grid)) & set(grid["assignments"]))
+        if clash:
+            raise ConfigError(f"{where}: grid.assignments: {clash} are also names of sweep variants")
+    for cand, base in inter.items():
+        bad = [n for n in (cand, base) if n not in grid["assignments"]]
+        if bad or cand == base:
+            raise ConfigError(f"{where}: grid.intervention.{cand}: {base!r}: "
+                              + (f"{bad} not in grid.assignments ({', '.join(grid['assignments'])})" if bad
+                                 else "a variant cannot be its own baseline"))
+        n_layer = model_shape(cfg["model"])["n_layer"]
+        if _manifolds(assignment_spec(grid, cand), n_layer) != _manifolds(assignment_spec(grid, base), n_layer):
+            raise ConfigError(f"{where}: grid.intervention.{cand}: {base!r}: the candidate must train the "
+                              f"baseline's manifolds (candidate {assignment_spec(grid, cand)!r}, baseline "
+                              f"{assignment_spec(grid, base)!r})")
+        over = grid.get("train_overrides", {}).get(cand, {})
+        if set(over) != set(INTERVENTION_KEYS) or over.get("attn_sigma_cap") is None:
+            raise ConfigError(f"{where}: grid.intervention.{cand}: its grid.train_overrides must set "
+                              f"{', '.join(INTERVENTION_KEYS)} and nothing else (got {over!r})")
+        if grid.get("train_overrides", {}).get(base, {}).get("attn_sigma_cap") is not None:
+            raise ConfigError(f"{where}: grid.intervention.{cand}: its baseline {base!r} is capped too")
+
+
+def _manifolds(spec, n_layer: int) -> object:
+    """What an assignment puts on attention and MLP (a named pair, or a custom mapping's patterns
+    resolved on the model's hidden-matrix names), so a named and an equal custom one compare equal."""
+    from .layout import hidden_matrix_names, match_patterns
+    from .names import ATTN_KEYS, NAMED_ASSIGNMENTS
+
+    hidden = hidden_matrix_names(n_layer)
+    if isinstance(spec, str):
+        pair = NAMED_ASSIGNMENTS[spec]
+        return None if pair is None else {n: pair[0] if any(k in n for k in ATTN_KEYS) else pair[1] for n in hidden}
+    got = match_patterns(hidden, spec)
+    return {n: got.get(n, "none") for n in hidden}

@@ -1,0 +1,103 @@
+"""mwm.sweep: a learning-rate sweep expands into one variant per (assignment, rate), each trained
+with its assignment's settings and its rate; the intervention pairs are checked before any job."""
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from mwm.checks import check_config
+from mwm.config import ConfigError, load_config, validate
+from mwm.runs import assignment_spec, config_run_identity, grid_variants, run_config
+from mwm.sweep import rate_label, sweep_overrides, sweep_points, sweep_variant
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def sweep_cfg(**grid):
+    cfg = {"name": "t", "train": {"muon_lr": 0.02, "learning_rate": 1e-3, "min_lr": 1e-4},
+           "model": {"n_layer": 2, "n_head": 2, "n_embd": 16, "block_size": 16},
+           "workflow": {"report": "sweep"},
+           "grid": {"assignments": ["stiefel", "dgram", "dgram-capped"],
+                    "custom": {"dgram-capped": {"*.attn.*": "dgram", "*.mlp.*": "dgram"}},
+                    "train_overrides": {"dgram-capped": {"attn_sigma_cap": 1.0}},
+                    "intervention": {"dgram-capped": "dgram"},
+                    "sweep": {"muon_lr": [0.01, 0.02, 0.64]}, **grid}}
+    return validate(cfg)
+
+
+def test_rate_labels_have_no_sign_or_exponent_over_the_schema_range():
+    for r in (1e-4, 0.005, 0.02, 0.64, 1.28, 1000):
+        label = rate_label(r)
+        assert float(label) == r and not set(label) & set("e+-")
+    assert sweep_variant("hetero-inv", 0.04) == "hetero-inv-eta0.04"
+    for bad in (5e-5, 2000):
+        with pytest.raises(ConfigError, match="muon_lr"):
+            sweep_cfg(sweep={"muon_lr": [0.02, bad]})
+
+
+def test_sweep_expands_to_one_variant_per_assignment_and_rate():
+    cfg = sweep_cfg()
+    v = grid_variants(cfg["grid"])
+    assert v == [f"{a}-eta{r}" for a in ("stiefel", "dgram", "dgram-capped") for r in ("0.01", "0.02", "0.64")]
+    assert sweep_points(cfg["grid"])["dgram-capped-eta0.64"] == ("dgram-capped", 0.64)
+    assert assignment_spec(cfg["grid"], "stiefel-eta0.64") == "stiefel"
+    assert assignment_spec(cfg["grid"], "dgram-capped-eta0.01") == {"*.attn.*": "dgram", "*.mlp.*": "dgram"}
+    # without a sweep, nothing changes
+    plain = copy.deepcopy(cfg["grid"])
+    plain["sweep"] = None
+    assert grid_variants(plain) == ["stiefel", "dgram", "dgram-capped"]
+    assert sweep_points(plain) == {}
+
+
+def test_a_sweep_variant_trains_its_assignment_at_its_rate():
+    cfg = sweep_cfg()
+    tc = run_config(cfg, "dgram-capped-eta0.64")["train"]
+    assert tc["muon_lr"] == 0.64 and tc["attn_sigma_cap"] == 1.0  # the assignment's overrides, then the rate
+    assert tc["learning_rate"] == 1e-3 and tc["min_lr"] == 1e-4  # adamw: fixed (the default)
+    assert "attn_sigma_cap" not in run_config(cfg, "dgram-eta0.64")["train"]
+    # the shared rate's variant trains the config's own settings
+    assert run_config(cfg, "stiefel-eta0.02")["train"] == cfg["train"]
+    scaled = sweep_cfg(sweep={"muon_lr": [0.02, 0.08], "adamw": "scaled"})
+    tc = run_config(scaled, "stiefel-eta0.08")["train"]
+    assert tc["learning_rate"] == pytest.approx(4e-3) and tc["min_lr"] == pytest.approx(4e-4)
+    assert sweep_overrides(cfg["train"], {"adamw": "fixed"}, 0.16) == {"muon_lr": 0.16}
+    # the rate is part of a run's identity: two rates are two runs
+    assert config_run_identity(cfg, "stiefel-eta0.01", 0) != config_run_identity(cfg, "stiefel-eta0.02", 0)
+
+
+def test_attn_sigma_cap_has_no_default_so_existing_runs_keep_their_identity():
+    cfg = load_config(ROOT / "config" / "config.yaml")
+    assert "attn_sigma_cap" not in cfg["train"]
+
+
+@pytest.mark.parametrize("change,match", [
+    (lambda c: c["train"].update(muon_lr=0.03), "does not include train.muon_lr"),
+    (lambda c: c["grid"].update(retraction_ablation=True), "retraction_ablation"),
+    (lambda c: c["workflow"].update(report="full"), "workflow.report"),
+    (lambda c: c["grid"]["train_overrides"]["dgram-capped"].update(muon_lr=0.1), "nothing else"),
+    (lambda c: c["grid"]["custom"]["dgram-capped"].update({"*.mlp.*": "stiefel"}), "baseline's manifolds"),
+    (lambda c: c["grid"]["intervention"].update({"dgram-capped": "hetero"}), "not in grid.assignments"),
+    (lambda c: c["grid"].update(sweep=None), "grid.sweep"),
+])
+def test_check_config_refuses_a_sweep_the_rest_of_the_config_contradicts(change, match):
+    cfg = sweep_cfg()
+    check_config(cfg, "sweep.yaml")  # the unchanged one passes
+    change(cfg)
+    with pytest.raises(ConfigError, match=match) as exc:
+        check_config(cfg, "sweep.yaml")
+    assert "sweep.yaml" in str(exc.value)
+
+
+def test_the_sweep_configs_expand_as_documented():
+    cfg = load_config(ROOT / "config" / "sweep.yaml")
+    check_config(cfg, "config/sweep.yaml")
+    rates = cfg["grid"]["sweep"]["muon_lr"]
+    assert len(rates) >= 5 and all(b == pytest.approx(2 * a) for a, b in zip(rates, rates[1:]))  # spaced 2x
+    assert min(rates) < cfg["train"]["muon_lr"] < max(rates)  # bracketing the shared rate
+    assert len(cfg["grid"]["seeds"]) >= 3
+    assert len(grid_variants(cfg["grid"])) == len(cfg["grid"]["assignments"]) * len(rates)
+    for name in ("ci-sweep", "sweep-gpt2"):
+        other = load_config(ROOT / "config" / f"{name}.yaml")
+        check_config(other, f"config/{name}.yaml")
+        assert other["workflow"]["report"] == "sweep"
