@@ -1,10 +1,13 @@
 # Report: every table and figure and the ledger, from results/ only. Its figures, tables and
 # ledger are flagged for Snakemake's HTML report (snakemake --report paper_figures/<name>/report.html),
 # captioned by report/item.rst. A config whose workflow.report is "solvers" (config/widths.yaml)
-# reports the solver study alone, so its `all` trains nothing beyond the study's captures.
+# reports the solver study alone, so its `all` trains nothing beyond the study's captures; one whose
+# workflow.report is "sweep" (config/sweep.yaml) reports its learning-rate sweep from its runs alone.
 
 if CFG["workflow"]["report"] == "solvers":
     REPORT_INPUTS = study_outputs("solvers")
+elif CFG["workflow"]["report"] == "sweep":  # a learning-rate sweep (config/sweep.yaml): its runs alone
+    REPORT_INPUTS = all_runs()
 else:
     REPORT_INPUTS = [*all_runs(), *study_outputs(*stages.STUDIES)]
 

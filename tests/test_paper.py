@@ -35,3 +35,36 @@ def test_every_claim_has_a_section_a_paper_value_and_a_stated_rule():
             assert c.rule.lo <= c.rule.hi, c.id
         if c.rule.needs != "any":
             assert c.rebuild, c.id  # a row that cannot be rebuilt here names the config that can
+
+
+def test_stability_edge_rule_gives_each_verdict_on_made_up_edges():
+    c = paper.claim("sweep.stability_edge")
+    caps = {"any", "sweep"}
+    below = {"dgram": 3, "hetero-inv": 4, "stiefel": 6, "hetero": 5}
+    assert paper.judge(c, below, caps=caps, seeds=3)[0] == "reproduced"
+    above = {"dgram": 6, "hetero-inv": 5, "stiefel": 3, "hetero": 4}
+    assert paper.judge(c, above, caps=caps, seeds=3)[0] == "not reproduced"  # reversed: a finding
+    overlap = {"dgram": 3, "hetero-inv": 5, "stiefel": 4, "hetero": 6}
+    assert paper.judge(c, overlap, caps=caps, seeds=3)[0] == paper.UNRESOLVED
+    tie = {a: 8 for a in below}  # every assignment stable at every rate: no edge inside the sweep
+    assert paper.judge(c, tie, caps=caps, seeds=3)[0] == paper.UNRESOLVED
+    assert paper.judge(c, below, caps=caps, seeds=1)[0] == paper.TOO_FEW
+    assert paper.judge(c, below, caps={"any"}, seeds=3)[0] == paper.NC  # the default config has no sweep
+    assert paper.judge(c, {"dgram": 1}, caps=caps, seeds=3)[0] == paper.NC
+
+
+def test_intervention_and_tuned_order_rules():
+    caps = {"any", "sweep"}
+    c = paper.claim("sweep.cap_restores")
+    assert paper.judge(c, True, caps=caps, seeds=3)[0] == "reproduced"
+    assert paper.judge(c, False, caps=caps, seeds=3)[0] == "not reproduced"  # a negative result is a finding
+    assert paper.judge(c, True, caps=caps, seeds=2)[0] == paper.TOO_FEW
+    assert paper.judge(c, None, caps=caps, seeds=3, reason="nothing to intervene on")[0] == paper.NC
+    o = paper.claim("sweep.order_tuned")
+    ok = {"hetero": [3.30, 3.31, 3.30], "stiefel": [3.40, 3.41, 3.40], "none": [3.50, 3.51, 3.50]}
+    assert paper.judge(o, ok, caps=caps, seeds=3)[0] == "reproduced"
+    assert paper.judge(o, {"hetero": ok["none"], "stiefel": ok["stiefel"], "none": ok["hetero"]}, caps=caps,
+                       seeds=3)[0] == "not reproduced"
+    s = paper.claim("sweep.shared_rate")
+    assert paper.judge(s, 2.0, caps=caps, seeds=3)[0] == "reproduced"
+    assert paper.judge(s, 4.0, caps=caps, seeds=3)[0] == "not reproduced"

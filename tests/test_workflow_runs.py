@@ -315,3 +315,34 @@ def test_workflow_accepts_exponent_numbers(tmp_path):
     (repo / "e.yaml").write_text(re.sub(r"max_iters: \d+", "max_iters: 3e1", text))
     proc = snakemake_in(repo, "--configfile", "e.yaml", "--dry-run", "--nolock", "--cores", "1", "all")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+
+
+def test_tiny_sweep_config_runs_end_to_end(tmp_path):
+    # config/ci-sweep.yaml: the learning-rate sweep's code paths, with one rate where every run goes
+    # unstable (its AdamW rates scaled far past stability) and the capped intervention beside All DGram
+    import pandas as pd
+
+    from mwm.sweep import sweep_variants
+
+    cfg = load_config(ROOT / "config" / "ci-sweep.yaml")
+    res = snakemake(tmp_path, ROOT / "config" / "ci-sweep.yaml", "all")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    out = tmp_path / "paper_figures" / "ci-sweep"
+    for f in ("fig_sweep_lr.png", "fig_sweep_edge.png", "table_sweep.md", "table_sweep_grid.csv", "sweep_runs.csv",
+              "ledger.md"):
+        assert (out / f).is_file(), f
+    runs = pd.read_csv(out / "sweep_runs.csv")
+    assert sorted(runs.variant) == sorted(sweep_variants(cfg["grid"]))
+    top = max(cfg["grid"]["sweep"]["muon_lr"])
+    assert set(runs[runs.rate == top].status) == {"unstable"}
+    assert set(runs[runs.rate == cfg["train"]["muon_lr"]].status) == {"completed"}
+    ledger = pd.read_csv(out / "ledger.csv").set_index("id")
+    sweep_rows = ledger.loc[[i for i in ledger.index if i.startswith("sweep.")]]
+    assert len(sweep_rows) == 4 and (sweep_rows.seeds == "1").all()
+    assert set(sweep_rows.verdict) <= {"too few seeds", "not comparable at this scale"}  # one seed
+    assert "first unstable rate" in ledger.loc["sweep.cap_restores", "rebuilt"]
+    # the capped runs' attention singular values stay at the cap, even where the run blows up
+    for rate in cfg["grid"]["sweep"]["muon_lr"]:
+        sp = pd.read_csv(tmp_path / "results" / "runs" / "ci-sweep" / f"dgram-capped-eta{rate:g}" / "seed0"
+                         / "spectral.csv")
+        assert float(sp[sp.module == "attn"].sigma_max.max()) <= 1.0 + 1e-2, rate

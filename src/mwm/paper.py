@@ -17,7 +17,14 @@ result falls:
    checked numerically: reproduced iff it holds, else "contradicted by an audit"),
    ``order`` (an ordering of final losses: each adjacent gap must exceed the seed
    spread of both conditions, else "too few seeds"; a resolved ordering is
-   reproduced iff it is the paper's).
+   reproduced iff it is the paper's), ``edge`` (stability edges of two groups of
+   assignments: reproduced iff every edge of the first group is below every edge of
+   the second, "not reproduced" iff every one is above, else "not resolved"),
+   ``test`` (an experiment's outcome: reproduced iff it came out as claimed, else
+   "not reproduced").
+
+Rows beyond the paper (``sweep.*``) answer its stated limitations: one learning rate
+for every assignment, and no test of the mechanism; rebuilt by ``config/sweep.yaml``.
 
 Sections: 2 "Scaling the dual ascent to 768x768", 3 "Retraction absorbs dual ascent
 error", 4 "Experiments: five manifold assignments on GPT-2", 5 "Attention wants
@@ -34,11 +41,13 @@ from typing import Any, Mapping, Sequence
 
 __all__ = ["VERDICTS", "NC", "TOO_FEW", "Rule", "Claim", "CLAIMS", "claim", "judge", "alpha_numbers",
            "paper_fit_alpha", "paper_fit_label", "GELU_BOUND", "ALPHA_FIT", "LOSSES", "LOSS_ORDER", "ONSETS",
-           "STABLE_UNTIL", "COSTS", "SIGMA_STEPS", "ABSORB_EA", "ABSORB_EW_MAX"]
+           "STABLE_UNTIL", "COSTS", "SIGMA_STEPS", "ABSORB_EA", "ABSORB_EW_MAX", "UNRESOLVED", "DGRAM_ATTENTION",
+           "STIEFEL_ATTENTION", "SHARED_RATE_FACTOR"]
 
 NC = "not comparable at this scale"
 TOO_FEW = "too few seeds"
-VERDICTS = ("reproduced", "not reproduced", TOO_FEW, NC, "contradicted by an audit")
+UNRESOLVED = "not resolved"
+VERDICTS = ("reproduced", "not reproduced", TOO_FEW, NC, "contradicted by an audit", UNRESOLVED)
 
 #: Section 2: alpha_opt(n) ~ 0.003 n^0.67 over n >= 32, r^2 = 0.74.
 ALPHA_FIT = {"prefactor": 0.003, "exponent": 0.67, "r2": 0.74, "min_n": 32}
@@ -61,6 +70,11 @@ STABLE_UNTIL = 15000
 SIGMA_STEPS = (16000, 20000)
 #: Section 5: the stated bound on the GELU derivative.
 GELU_BOUND = 1.08
+#: Sections 4 and 6: the assignments with DGram on attention, and those with Stiefel there.
+DGRAM_ATTENTION = ("dgram", "hetero-inv")
+STIEFEL_ATTENTION = ("stiefel", "hetero")
+#: Beyond the paper: how far (a factor) the shared rate may be from an assignment's best.
+SHARED_RATE_FACTOR = 2.0
 
 
 def paper_fit_alpha(n: float) -> float:
@@ -116,6 +130,7 @@ def _factor(x: float, f: float, **kw) -> Rule:
 _A = "config/paper.yaml (studies: n = 16..1024)"
 _P = "config/paper.yaml (GPT-2 small, OpenWebText, 50k steps)"
 _L = "config/long.yaml (or paper scale)"
+_S = "config/sweep.yaml (a learning-rate sweep, >= 3 seeds)"
 _ABS = "config/config.yaml or paper.yaml (the paper's absorption protocol: 200 reference iterations, T = 20, T = 5 vs 100)"
 
 CLAIMS: tuple[Claim, ...] = (
@@ -255,6 +270,29 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("long.stable_before_onset", f"All DGram trains normally until ~{STABLE_UNTIL} steps (first unstable step "
           "in the long run, none = stable)", "4", f"stable before ~{STABLE_UNTIL}",
           Rule("audit", text=f"no DGram-attention run unstable before step {STABLE_UNTIL}", needs="long"), _L),
+    # --- beyond the paper: its stated limitations (one shared learning rate; no causal test) -------------------
+    Claim("sweep.order_tuned", "Hetero < All Stiefel < Unconstrained survives per-assignment tuning (final val "
+          "loss of each at its own best Muon step size)", "4 (Limitations)", "shared-rate order",
+          Rule("order", min_seeds=3, needs="sweep", text="the loss.order rule on each assignment's losses at its "
+               "best rate (lowest seed-mean final val loss among the rates where every seed is stable)"),
+          _S, LOSS_ORDER),
+    Claim("sweep.shared_rate", "the shared Muon step size (tuned for Unconstrained) is within 2x of each "
+          "assignment's best", "4 (Limitations)", "(assumed: one rate for all)",
+          Rule("window", 1.0, SHARED_RATE_FACTOR, min_seeds=3, needs="sweep",
+               text=f"largest factor between the shared and an assignment's best rate <= {SHARED_RATE_FACTOR:g}"),
+          _S, SHARED_RATE_FACTOR),
+    Claim("sweep.stability_edge", "DGram on attention is less stable than Stiefel on attention: the largest "
+          "stable step size of All DGram and Hetero-inv is below that of All Stiefel and Hetero", "4, 6",
+          "DGram attention less stable",
+          Rule("edge", min_seeds=3, needs="sweep", text="edge = the largest rate at which every seed of it and "
+               "of every smaller rate is stable; reproduced iff both DGram-attention edges are below both "
+               "Stiefel-attention edges, not reproduced iff both are above, else not resolved"),
+          _S, (DGRAM_ATTENTION, STIEFEL_ATTENTION)),
+    Claim("sweep.cap_restores", "capping attention's singular values (DGram's off-diagonal constraint kept) "
+          "restores stability at DGram's first unstable step size", "6 (mechanism)", "(implied by Section 6)",
+          Rule("test", min_seeds=3, needs="sweep", text="at the smallest rate where the uncapped baseline has "
+               "an unstable seed, reproduced iff every seed of the capped candidate is stable; no such rate: "
+               "not comparable (nothing to intervene on)"), _S),
 )
 
 _BY_ID = {c.id: c for c in CLAIMS}
@@ -293,8 +331,9 @@ def judge(c: Claim, x: Any, *, caps: Sequence[str] = ("any",), seeds: int | None
 
     ``caps``: what the config provides (``any``, ``long``, ``paper``, ``n=64`` ...).
     ``x``: a number for ``window``; a bool (the statement holds) for ``audit``; for
-    ``order`` a mapping ``{condition: [final loss per seed]}``. ``reason`` explains a
-    missing value.
+    ``order`` a mapping ``{condition: [final loss per seed]}``; for ``edge`` a mapping
+    ``{assignment: edge rank}``; for ``test`` a bool (the experiment came out as claimed).
+    ``reason`` explains a missing value.
     """
     r = c.rule
     if r.needs not in caps:
@@ -312,6 +351,11 @@ def judge(c: Claim, x: Any, *, caps: Sequence[str] = ("any",), seeds: int | None
             ("the statement holds" if bool(x) else "the statement fails")
     if r.kind == "order":
         return _judge_order(c, x)
+    if r.kind == "edge":
+        return _judge_edge(c, x)
+    if r.kind == "test":
+        return ("reproduced" if bool(x) else "not reproduced"), \
+            ("came out as claimed" if bool(x) else "came out against the claim")
     raise ValueError(f"claim {c.id}: unknown rule kind {r.kind!r}")
 
 
@@ -330,3 +374,20 @@ def _judge_order(c: Claim, losses: Mapping[str, Sequence[float]]) -> tuple[str, 
     ok = all(mean[a] < mean[b] for a, b in zip(order, order[1:]))
     return ("reproduced" if ok else "not reproduced"), ("resolved, in the paper's order" if ok else
                                                         "resolved, not in the paper's order")
+
+
+def _judge_edge(c: Claim, edges: Mapping[str, int]) -> tuple[str, str]:
+    """``edges``: assignment -> its stability edge as a rank (how many of the sweep's rates, from the
+    smallest, are stable; all of them: stable throughout, an edge at or above the largest rate)."""
+    low, high = c.value
+    missing = [a for a in (*low, *high) if a not in edges]
+    if missing:
+        return NC, f"no sweep of {', '.join(missing)}"
+    lo_max, lo_min = max(edges[a] for a in low), min(edges[a] for a in low)
+    hi_max, hi_min = max(edges[a] for a in high), min(edges[a] for a in high)
+    shown = ", ".join(f"{a} {edges[a]}" for a in (*low, *high))
+    if lo_max < hi_min:
+        return "reproduced", f"stable rates counted from the smallest: {shown}; every {'/'.join(low)} edge below"
+    if hi_max < lo_min:
+        return "not reproduced", f"stable rates counted from the smallest: {shown}; every {'/'.join(low)} edge above"
+    return UNRESOLVED, f"stable rates counted from the smallest: {shown}; the edges overlap or tie"

@@ -4,7 +4,8 @@
 
 Reads ``results/runs/<name>/...`` and ``results/studies/<name>/``; a run or
 study result the config asks for that is missing is an error naming it. A config
-with ``workflow.report: solvers`` gets the solver study's figure and table alone.
+with ``workflow.report: solvers`` gets the solver study's figure and table alone; one with
+``workflow.report: sweep`` the learning-rate sweep's (:mod:`mwm.report.sweep`).
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from ..config import ConfigError, load_config
 from ..owner import check_owner
 from ..paths import inside
 from ..runs import check_grid
-from .ledger import build_ledger, write_ledger
+from .ledger import build_ledger, build_sweep_ledger, write_ledger
 from .load import ReportError, load_runs
 from .solver_training import solver_training_report
+from .sweep import sweep_report
 from .studies import SOLVER_STUDY_FILES, load_studies, solver_study_report, studies_report
 from .training import training_report
 
@@ -30,6 +32,9 @@ def build(cfg: dict, results: Path, out: Path) -> Path:
         solver_study_report(load_studies(folder, required=SOLVER_STUDY_FILES), out)
         return out
     runs = load_runs(cfg, results)
+    if cfg["workflow"]["report"] == "sweep":  # a learning-rate sweep: its figures, tables and ledger rows
+        write_ledger(build_sweep_ledger(cfg, sweep_report(cfg, runs, out)), out)
+        return out
     studies = load_studies(folder)
     out.mkdir(parents=True, exist_ok=True)
     numbers = training_report(cfg, runs, out)

@@ -22,7 +22,7 @@ from ..io import atomic_write_text
 from ..names import ATTN_MATRICES, MLP_MATRICES
 from .tables import fmt
 
-__all__ = ["build_ledger", "write_ledger", "is_paper_scale", "capabilities", "VERDICTS"]
+__all__ = ["build_ledger", "build_sweep_ledger", "write_ledger", "is_paper_scale", "capabilities", "VERDICTS"]
 
 VERDICTS = paper.VERDICTS
 NC = paper.NC
@@ -58,6 +58,8 @@ def capabilities(cfg: dict) -> set[str]:
     if (ab.get("reference_iterations") == 200 and ab.get("report_T") == 20 and ab.get("eta") == 0.1
             and ab.get("alpha") == 0.1 and list(ab.get("flatness_T") or []) == [5, 100]):
         caps.add("absorption-protocol")
+    if (cfg.get("grid") or {}).get("sweep"):
+        caps.add("sweep")
     precs = list(st.get("precisions") or [])
     if precs[:1] == ["bfloat16"] and "float32" in precs[1:]:
         caps.add("control")
@@ -443,6 +445,21 @@ def build_ledger(cfg: dict, results: pd.DataFrame, runs, studies: dict) -> pd.Da
     _absorption_entries(L, studies, cfg)
     _audit_entries(L, studies)
     _training_entries(L, results, runs, cfg)
+    L.fill_missing()
+    return pd.DataFrame(L.rows, columns=list(COLUMNS))
+
+
+def build_sweep_ledger(cfg: dict, res: pd.DataFrame) -> pd.DataFrame:
+    """The ledger of a learning-rate sweep (``workflow.report: sweep``): its ``sweep.*`` rows from the
+    sweep's runs (:func:`mwm.report.sweep.sweep_ledger_values`); every other claim says this config
+    does not produce it."""
+    from .sweep import sweep_ledger_values
+
+    L = _Ledger(cfg)
+    seeds = len(cfg["grid"]["seeds"])
+    for cid, (x, rebuilt, reason) in sweep_ledger_values(cfg, res).items():
+        L.add(cid, rebuilt, x, seeds=seeds, source=f"sweep runs ({cfg['name']}, {cfg['train']['max_iters']} steps)",
+              reason=reason)
     L.fill_missing()
     return pd.DataFrame(L.rows, columns=list(COLUMNS))
 
