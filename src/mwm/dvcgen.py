@@ -347,8 +347,10 @@ def render(dest: Path, content: dict) -> str:
 
 
 def all_configs(default: str = DEFAULT_CONFIG) -> list[str]:
-    """The default config first, then every other ``config/*.yaml`` by name."""
-    others = sorted(p.as_posix() for p in Path(default).parent.glob("*.yaml") if p.as_posix() != default)
+    """The default config first, then every other ``config/*.yaml`` by name (the file's stem, so ``ci``
+    comes before ``ci-sweep`` and keeps the dataset they share)."""
+    others = sorted((p.as_posix() for p in Path(default).parent.glob("*.yaml") if p.as_posix() != default),
+                    key=lambda p: Path(p).stem)
     return [default, *others]
 
 
