@@ -149,6 +149,17 @@ def test_a_schema_vocab_that_mwm_names_lacks_is_refused():
         "a": [{"default": "paper", "enum": ["paper", "colnorm"]}]}
 
 
+def test_a_schema_default_comes_from_mwm_names_once():
+    from mwm import msign, names
+
+    assert config.defaults("train")["msign_steps"] == names.MSIGN_STEPS == msign.DEFAULT_STEPS
+    assert config._vocab({"s": {"type": "integer", "$default": "MSIGN_STEPS"}}, "t") == {
+        "s": {"type": "integer", "default": names.MSIGN_STEPS}}
+    for bad in ("NOPE", "SOLVERS"):  # absent, or not a constant
+        with pytest.raises(ConfigError, match=rf"schema train.yaml: \$default '{bad}' is not a constant"):
+            config._vocab({"x": {"$default": bad}}, "train.yaml")
+
+
 # -- moved from the issue-13 file: config names and numbers ----------
 
 @pytest.mark.parametrize("name", ["..", ".", ".hidden", "-rf", "a/b", "a b", ""])

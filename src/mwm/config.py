@@ -206,12 +206,18 @@ def seed_bound() -> int:
 
 def _vocab(node: Any, where: str) -> Any:
     """``node`` with every ``$vocab: NAME`` replaced by ``enum: [...]``, the names of ``mwm.names.NAME``
-    (a tuple, or a table's keys): a vocabulary the code defines is spelled once, there."""
+    (a tuple, or a table's keys), and every ``$default: NAME`` by ``default: mwm.names.NAME`` (a number
+    or a string): a vocabulary or a default the code defines is spelled once, there."""
     if isinstance(node, list):
         return [_vocab(v, where) for v in node]
     if not isinstance(node, dict):
         return node
-    out = {k: _vocab(v, where) for k, v in node.items() if k != "$vocab"}
+    out = {k: _vocab(v, where) for k, v in node.items() if k not in ("$vocab", "$default")}
+    if "$default" in node:
+        value = getattr(names, str(node["$default"]), None)
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ConfigError(f"schema {where}: $default {node['$default']!r} is not a constant of mwm.names")
+        out["default"] = value
     if "$vocab" in node:
         names_table = getattr(names, str(node["$vocab"]), None)
         if not isinstance(names_table, (tuple, dict)) or not all(isinstance(k, str) for k in names_table):

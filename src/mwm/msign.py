@@ -67,8 +67,8 @@ POLAR_EXPRESS_COEFFS: tuple[tuple[float, float, float], ...] = (
     (1.875, -1.25, 0.375),
 )
 SAFETY = 1.01
-#: Steps used by the Manifold Muon reference code (the last triple repeats).
-DEFAULT_STEPS = 10
+#: Steps used by the Manifold Muon reference code (the last triple repeats); the schema's default too.
+DEFAULT_STEPS = names.MSIGN_STEPS
 #: The Gram order rebuilds its iterate from the matrix after this many steps (here, in
 #: :func:`msign`, and in the dual ascent's Gram order, :mod:`mwm.dual_ascent`).
 #:

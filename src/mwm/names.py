@@ -40,6 +40,7 @@ __all__ = [
     "RETRACTIONS",
     "SOLVERS",
     "PRECISIONS",
+    "MSIGN_STEPS",
     "COLNORM_SUFFIX",
     "STUDY_MANIFOLDS",
     "assignment_pair",
@@ -80,6 +81,10 @@ RETRACTIONS = ("paper", "colnorm")
 SOLVERS = ("dual_ascent", "admm")
 #: msign precisions (:mod:`mwm.msign`): ``float32``, and ``bfloat16`` as the released code runs it.
 PRECISIONS = ("float32", "bfloat16")
+#: Polar Express steps of every msign in the Manifold Muon reference code (8 published triples, the
+#: last repeated): :data:`mwm.msign.DEFAULT_STEPS`, and the schema's ``train.msign_steps`` default
+#: (``$default: MSIGN_STEPS``).
+MSIGN_STEPS = 10
 #: What a variant trained with the column-norm retraction appends to its assignment name.
 COLNORM_SUFFIX = "-colnorm"
 
