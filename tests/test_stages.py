@@ -30,6 +30,19 @@ def test_sections_of_a_rule_file_are_its_stages_union_in_order():
         rule_file_sections("nope")
 
 
+def test_writers_name_their_files_by_key_and_an_unknown_key_is_an_error():
+    from mwm.studies import absorption, alpha, audits, solvers
+
+    for mod, name in ((alpha, "alpha"), (absorption, "absorption"), (audits, "audits"), (solvers, "solvers")):
+        assert mod.FILES is STAGES[name]
+        text = Path(mod.__file__).read_text()
+        spelled = [f for f in STAGES[name].outputs if f'"{f}"' in text]
+        assert not spelled, f"{mod.__name__} spells {spelled}: name them by key (mwm.stages)"
+    assert STAGES["absorption"].file("pairs") == "absorption_pairs.csv"
+    with pytest.raises(KeyError, match="no output 'nope'"):
+        STAGES["alpha"].file("nope")
+
+
 def test_study_files_and_what_the_report_reads():
     assert study_files(("solvers",)) == ("solvers.csv", "solvers_summary.csv", "solvers_derived.json")
     assert "alpha_final.csv" in study_files(("alpha",)) and "alpha_final.csv" not in study_files(("alpha",), reads=True)

@@ -9,7 +9,8 @@ again. Torch-free (standard library only): the Snakefile imports it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Mapping
 
 __all__ = ["Stage", "STAGES", "STUDIES", "rule_file_sections", "study_files", "report_category"]
 
@@ -17,14 +18,28 @@ __all__ = ["Stage", "STAGES", "STUDIES", "rule_file_sections", "study_files", "r
 @dataclass(frozen=True)
 class Stage:
     """``rule_file``: ``rules/<rule_file>.smk``; ``entry``: ``python -m <entry>``; ``sections``: the config
-    sections (DVC's dotted keys allowed) it reads besides ``name``; ``outputs``: the files it writes into
-    its folder (a study's: ``results/studies/<name>/``); ``report_reads``: those the report loads."""
+    sections (DVC's dotted keys allowed) it reads besides ``name``; ``files``: what it writes into its
+    folder (a study's: ``results/studies/<name>/``), ``{key: file name}``: the writers name a file by its
+    key (:meth:`file`), so a file name is spelled here only; ``report_reads``: the files the report loads."""
 
     rule_file: str
     entry: str
     sections: tuple[str, ...]
-    outputs: tuple[str, ...] = ()
+    files: Mapping[str, str] = field(default_factory=dict)
     report_reads: tuple[str, ...] = ()
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """The file names the stage writes (what its rule declares), in manifest order."""
+        return tuple(self.files.values())
+
+    def file(self, key: str) -> str:
+        """The file name of output ``key`` (KeyError naming the stage's keys otherwise)."""
+        try:
+            return self.files[key]
+        except KeyError:
+            raise KeyError(f"stage {self.entry}: no output {key!r} in mwm.stages (has {', '.join(self.files)})") \
+                from None
 
 
 #: The keys of the solver study that choose which grid runs capture which steps: training reads them
@@ -33,21 +48,25 @@ _CAPTURE_KEYS = tuple(f"studies.solvers.{k}" for k in ("source", "assignments", 
                                                          "capture_length"))
 
 STAGES: dict[str, Stage] = {
-    "data": Stage("data", "mwm.data", ("data",), ("train.bin", "val.bin", "meta.json")),
+    "data": Stage("data", "mwm.data", ("data",), {"train": "train.bin", "val": "val.bin", "meta": "meta.json"}),
     "alpha": Stage("studies", "mwm.studies.alpha", ("studies",),
-                   ("alpha_derived.json", "alpha_summary.csv", "alpha_final.csv", "alpha_trajectories.csv"),
+                   {"derived": "alpha_derived.json", "summary": "alpha_summary.csv", "final": "alpha_final.csv",
+                    "trajectories": "alpha_trajectories.csv"},
                    ("alpha_derived.json", "alpha_summary.csv", "alpha_trajectories.csv")),
+    # pairs: the training (W, G) pairs' rows (header only when no run captured any)
     "absorption": Stage("studies", "mwm.studies.absorption", ("studies",),
-                        ("absorption_derived.json", "absorption_summary.csv", "absorption.csv"),
+                        {"derived": "absorption_derived.json", "summary": "absorption_summary.csv",
+                         "rows": "absorption.csv", "pairs": "absorption_pairs.csv"},
                         ("absorption_derived.json", "absorption_summary.csv")),
     # the audits' growth bound follows the config's own schedule
     "audits": Stage("studies", "mwm.studies.audits", ("studies", "train"),
-                    ("audits.json", "softmax_jacobian.csv", "logit_bound.csv", "growth_bound.csv", "tangent_dims.csv",
-                     "spectral_check.csv"),
+                    {"derived": "audits.json", "softmax": "softmax_jacobian.csv", "logit_bound": "logit_bound.csv",
+                     "growth_bound": "growth_bound.csv", "tangent_dims": "tangent_dims.csv",
+                     "spectral_check": "spectral_check.csv"},
                     ("audits.json", "softmax_jacobian.csv", "tangent_dims.csv")),
     # its capture trainings (source: own) run the config's model and train section
     "solvers": Stage("studies", "mwm.studies.solvers", ("studies", "train", "model"),
-                     ("solvers.csv", "solvers_summary.csv", "solvers_derived.json"),
+                     {"rows": "solvers.csv", "summary": "solvers_summary.csv", "derived": "solvers_derived.json"},
                      ("solvers_summary.csv", "solvers_derived.json")),
     # a variant's assignment (grid.custom) and train overrides come from grid
     "train": Stage("train", "mwm.train", ("train", "model", "grid", *_CAPTURE_KEYS)),

@@ -33,9 +33,9 @@ decompress) is passed over the same way, its reason naming the file and the erro
 
 Outputs under ``--out``: ``absorption.csv`` (``manifold, precision, n, seed, T, e_A,
 e_pre, e_W, e_W_step, violation``), ``absorption_summary.csv`` (seed means),
-``absorption_pairs.csv`` (with pairs: ``index, name, file_manifold, manifold, m, n,
-g_scaling, g_rms, w_residual, T, e_A, e_pre, e_W, e_W_step, violation``) and
-``absorption_derived.json``.
+``absorption_pairs.csv`` (``index, name, file_manifold, manifold, m, n, g_scaling, g_rms,
+w_residual, T, e_A, e_pre, e_W, e_W_step, violation``; the header alone without pairs) and
+``absorption_derived.json``; their names come from :mod:`mwm.stages`.
 """
 
 from __future__ import annotations
@@ -56,6 +56,10 @@ from ..manifolds import Manifold
 from ..names import STUDY_MANIFOLDS
 from .common import (chunks, main_for, random_pairs, resolve_device, run_meta, variant_manifold,
                      write_csv, write_json)
+from ..stages import STAGES
+
+#: This study's output files (mwm.stages): the writers name them by key.
+FILES = STAGES["absorption"]
 
 __all__ = ["measure_absorption", "load_pairs", "run_absorption", "derive_absorption", "main"]
 
@@ -295,20 +299,19 @@ def run_absorption(cfg: dict, out: str | Path, config_path: str | None = None,
         pair_rows, skipped = run_pairs(sec, loaded, device, studies["max_batch_elements"], log, precisions[0])
     wall = time.perf_counter() - t0
 
-    write_csv(out / "absorption.csv", ["manifold", "precision", "n", "seed", "T", *METRICS], rows)
+    write_csv(out / FILES.file("rows"), ["manifold", "precision", "n", "seed", "T", *METRICS], rows)
     summary = _summarise(rows)
-    write_csv(out / "absorption_summary.csv",
+    write_csv(out / FILES.file("summary"),
               ["manifold", "precision", "n", "T", "seeds"] + [f"{k}_mean" for k in METRICS]
               + [f"{k}_std" for k in METRICS], summary)
     pair_cols = ["index", "name", "file_manifold", "manifold", "m", "n", "g_scaling", "g_rms", "w_residual", "T", *METRICS]
-    if loaded is not None:
-        write_csv(out / "absorption_pairs.csv", pair_cols, pair_rows)
+    write_csv(out / FILES.file("pairs"), pair_cols, pair_rows)  # header only without pairs: a declared output
     derived = derive_absorption(sec, summary, pair_rows if loaded is not None else None, skipped, precisions)
     derived["pairs_file"] = str(pairs_path) if pairs_path else None
     derived["pairs_not_captured"] = passed
     derived["pairs_precision"] = precisions[0] if pairs_path else None
     derived["meta"] = run_meta(sec, device, wall, config_path, precisions)
-    write_json(out / "absorption_derived.json", derived)
+    write_json(out / FILES.file("derived"), derived)
     return derived
 
 

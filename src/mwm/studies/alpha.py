@@ -47,6 +47,10 @@ from .. import paper
 from ..dual_ascent import dual_ascent
 from .common import (chunks, main_for, random_pairs, resolve_device, run_meta, variant_manifold,
                      write_csv, write_json)
+from ..stages import STAGES
+
+#: This study's output files (mwm.stages): the writers name them by key.
+FILES = STAGES["alpha"]
 
 __all__ = ["alpha_grid", "power_law_fit", "run_alpha", "derive_alpha", "main"]
 
@@ -181,14 +185,14 @@ def run_alpha(cfg: dict, out: str | Path, config_path: str | None = None, log=pr
     wall = time.perf_counter() - t0
 
     base = ["manifold", "init", "precision", "m", "n", "alpha", "on_grid"]
-    write_csv(out / "alpha_trajectories.csv", base + ["seed", "iteration", "violation"], traj_rows)
-    write_csv(out / "alpha_final.csv", base + ["seed", "init_residual", "initial_violation", "final_violation"],
+    write_csv(out / FILES.file("trajectories"), base + ["seed", "iteration", "violation"], traj_rows)
+    write_csv(out / FILES.file("final"), base + ["seed", "init_residual", "initial_violation", "final_violation"],
               final_rows)
-    write_csv(out / "alpha_summary.csv",
+    write_csv(out / FILES.file("summary"),
               base + ["seeds", "mean", "std", "median", "min", "max", "initial_mean"], summary_rows)
     derived = derive_alpha(sec, results, studies["precisions"])
     derived["meta"] = run_meta(sec, device, wall, config_path, studies["precisions"])
-    write_json(out / "alpha_derived.json", derived)
+    write_json(out / FILES.file("derived"), derived)
     return derived
 
 

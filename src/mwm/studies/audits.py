@@ -44,6 +44,10 @@ from ..msign import GRAM_RESTART, msign, polar_exact
 from ..names import NAMED_ASSIGNMENTS, STUDY_MANIFOLDS, UNCONSTRAINED
 from ..schedule import muon_lr_series
 from .common import main_for, pair_seed, read_csv, resolve_device, run_meta, write_csv, write_json
+from ..stages import STAGES
+
+#: This study's output files (mwm.stages): the writers name them by key.
+FILES = STAGES["audits"]
 
 __all__ = [
     "softmax_quantities",
@@ -632,20 +636,20 @@ def run_audits(cfg: dict, out: str | Path, config_path: str | None = None, spect
     t1 = time.perf_counter()
     sm_rows, derived["softmax"] = audit_softmax(sec["softmax"], base)
     log(f"audits: softmax Jacobian {time.perf_counter() - t1:.1f} s")
-    write_csv(out / "softmax_jacobian.csv",
+    write_csv(out / FILES.file("softmax"),
               ["family", "n", "check", "vectors", "worst_slack", "max_ratio", "violations", "max_abs_error",
                "max_rel_error", "explicit_matrix_error", "at_delta_z", "at_margin"], sm_rows)
 
     lg_rows, derived["logit_bound"] = audit_logit_bound(sec["logit_bound"], base)
-    write_csv(out / "logit_bound.csv", ["case", "max_abs_logit", "max_row_range", "bound", "ratio"], lg_rows)
+    write_csv(out / FILES.file("logit_bound"), ["case", "max_abs_logit", "max_row_range", "bound", "ratio"], lg_rows)
 
     t1 = time.perf_counter()
     gr_rows, derived["growth"] = audit_growth(sec["growth"], sec["logit_bound"], base)
     log(f"audits: growth bound {time.perf_counter() - t1:.1f} s")
-    write_csv(out / "growth_bound.csv", ["step", "eta", "eta_sum", "bound"], gr_rows)
+    write_csv(out / FILES.file("growth_bound"), ["step", "eta", "eta_sum", "bound"], gr_rows)
 
     td_rows, derived["tangent"] = audit_tangent_dims(sec["tangent"])
-    write_csv(out / "tangent_dims.csv",
+    write_csv(out / FILES.file("tangent_dims"),
               ["shape", "m", "n", "module", "manifold", "tangent_dim", "ambient", "fraction", "minus_stiefel"],
               td_rows)
 
@@ -666,15 +670,15 @@ def run_audits(cfg: dict, out: str | Path, config_path: str | None = None, spect
                                              sec["growth"]["threshold"])
         sp_sum["schedule_from"] = train_src
         derived["spectral_check"] = sp_sum
-        write_csv(out / "spectral_check.csv", SPECTRAL_CHECK_COLUMNS, sp_rows)
+        write_csv(out / FILES.file("spectral_check"), SPECTRAL_CHECK_COLUMNS, sp_rows)
     else:
         derived["spectral_check"] = {"holds": None, "reason": "no spectral log given (--spectral or "
                                                               "studies.audits.growth.spectral_csv)"}
         # a declared output (mwm.stages): its header alone, the reason is in audits.json
-        write_csv(out / "spectral_check.csv", SPECTRAL_CHECK_COLUMNS, [])
+        write_csv(out / FILES.file("spectral_check"), SPECTRAL_CHECK_COLUMNS, [])
     derived["meta"] = run_meta(sec, device, time.perf_counter() - t0, config_path)
     derived["meta"]["dtype"] = "float64 (softmax, logits, bounds); float32 (Polar Express norm)"
-    write_json(out / "audits.json", derived)
+    write_json(out / FILES.file("derived"), derived)
     return derived
 
 

@@ -63,6 +63,10 @@ from ..manifolds import get_manifold
 from ..solvers import SolverSettings, msign_per_iteration, solve
 from .absorption import _rel, load_pairs
 from .common import main_for, resolve_device, run_meta, write_csv, write_json
+from ..stages import STAGES
+
+#: This study's output files (mwm.stages): the writers name them by key.
+FILES = STAGES["solvers"]
 
 __all__ = ["candidates", "parse_candidate", "capture_sequences", "read_captures", "load_sequence", "measure_sequence", "run_solvers", "main"]
 
@@ -403,17 +407,17 @@ def run_solvers(cfg: dict, out: str | Path, config_path: str | None = None, sequ
         seq = load_sequence(run)[: sec["capture_length"]]  # an existing capture may be longer
         log(f"solvers: {run}: {len(seq)} steps, {len(cands)} candidates")
         rows.extend(measure_sequence(seq, cands, sec, retraction, device, log, viol))
-    write_csv(out / "solvers.csv", COLUMNS, rows)
+    write_csv(out / FILES.file("rows"), COLUMNS, rows)
     summary, derived = summarise(rows, cands[0]["name"])
     derived["reference_violation"] = reference_violation_summary(viol, sec)
-    write_csv(out / "solvers_summary.csv", SUMMARY_COLUMNS, summary)
+    write_csv(out / FILES.file("summary"), SUMMARY_COLUMNS, summary)
     derived["runs"] = [str(r) for r in runs]
     # an assignment whose capture training diverged before its window: "not captured" and
     # why (the files above hold the others' rows, or just their headers)
     derived["not_captured"] = not_captured
     derived["captured_steps"] = {str(r): min(len(load_sequence(r)), sec["capture_length"]) for r in runs}
     derived["meta"] = run_meta(sec, device, time.perf_counter() - t0, config_path)
-    write_json(out / "solvers_derived.json", derived)
+    write_json(out / FILES.file("derived"), derived)
     return derived
 
 
