@@ -331,6 +331,10 @@ def test_tiny_sweep_config_runs_end_to_end(tmp_path):
     for f in ("fig_sweep_lr.png", "fig_sweep_edge.png", "table_sweep.md", "table_sweep_grid.csv", "sweep_runs.csv",
               "ledger.md"):
         assert (out / f).is_file(), f
+    captions = (ROOT / "report" / "item.rst").read_text()  # every item the HTML report shows has a caption
+    for f in out.iterdir():
+        if f.suffix in (".png", ".gif", ".csv"):
+            assert f'item == "{f.stem}"' in captions, f"{f.name} has no caption in report/item.rst"
     runs = pd.read_csv(out / "sweep_runs.csv")
     assert sorted(runs.variant) == sorted(sweep_variants(cfg["grid"]))
     top = max(cfg["grid"]["sweep"]["muon_lr"])
