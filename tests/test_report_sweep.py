@@ -64,8 +64,14 @@ def test_ledger_values_lead_to_each_verdict():
                  "dgram": curve(0.02, unstable_from=0.04), "hetero-inv": curve(0.02, unstable_from=0.04),
                  "dgram-capped": curve(0.02)}
     v = verdicts(paperlike, {"dgram-capped": "dgram"})
-    assert v == {"sweep.order_tuned": "reproduced", "sweep.shared_rate": "reproduced",
+    assert v == {"sweep.order_tuned": "reproduced", "loss.order": "reproduced", "sweep.shared_rate": "reproduced",
                  "sweep.stability_edge": "reproduced", "sweep.cap_restores": "reproduced"}
+    # tuning can change the ordering: the shared rate keeps the paper's, each one's best reverses it
+    none = curve(0.08, base=3.9)
+    none[0.02] = [("completed", 4.5 + 0.001 * s) for s in range(3)]
+    retuned = {**paperlike, "none": none}
+    v = verdicts(retuned, {"dgram-capped": "dgram"})
+    assert v["loss.order"] == "reproduced" and v["sweep.order_tuned"] == "not reproduced"
 
     reversed_ = {**paperlike, "none": curve(0.08, base=3.9), "stiefel": curve(0.02, unstable_from=0.01),
                  "hetero": curve(0.02, unstable_from=0.02), "dgram": curve(0.02), "hetero-inv": curve(0.02),
