@@ -79,6 +79,9 @@ def test_attn_sigma_cap_has_no_default_so_existing_runs_keep_their_identity():
     (lambda c: c["grid"]["custom"]["dgram-capped"].update({"*.mlp.*": "stiefel"}), "baseline's manifolds"),
     (lambda c: c["grid"]["intervention"].update({"dgram-capped": "hetero"}), "not in grid.assignments"),
     (lambda c: c["grid"].update(sweep=None), "grid.sweep"),
+    (lambda c: (c["grid"]["custom"]["dgram-capped"].update({"*.attn.*": "stiefel"}),
+                c["grid"]["intervention"].update({"dgram-capped": "hetero"}),
+                c["grid"]["assignments"].append("hetero")), "no attention matrix on DGram"),
 ])
 def test_check_config_refuses_a_sweep_the_rest_of_the_config_contradicts(change, match):
     cfg = sweep_cfg()

@@ -111,6 +111,10 @@ def check_sweep(cfg: dict, where: str) -> None:
             raise ConfigError(f"{where}: grid.intervention.{cand}: {base!r}: the candidate must train the "
                               f"baseline's manifolds (candidate {assignment_spec(grid, cand)!r}, baseline "
                               f"{assignment_spec(grid, base)!r})")
+        got = _manifolds(assignment_spec(grid, cand), n_layer) or {}
+        if not any(".attn." in n and m == "dgram" for n, m in got.items()):
+            raise ConfigError(f"{where}: grid.intervention.{cand}: {base!r} puts no attention matrix on DGram, so "
+                              "train.attn_sigma_cap would change nothing")
         over = grid.get("train_overrides", {}).get(cand, {})
         if set(over) != set(INTERVENTION_KEYS) or over.get("attn_sigma_cap") is None:
             raise ConfigError(f"{where}: grid.intervention.{cand}: its grid.train_overrides must set "
