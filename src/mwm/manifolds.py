@@ -27,7 +27,8 @@ DGram has two retractions, chosen by name:
     orthonormal and given back their own norms. It fixes every point of DGram.
 
 Both are computed from the eigendecomposition of the ``n x n`` Gram matrix
-instead of a full SVD of the ``m x n`` matrix.
+instead of a full SVD of the ``m x n`` matrix; a weight whose Gram spans too many orders of
+magnitude for that (nearly singular) is retracted by SVD in float64 instead.
 """
 
 from __future__ import annotations
@@ -79,42 +80,54 @@ def _gram(W: torch.Tensor) -> torch.Tensor:
     return W.mT @ W
 
 
-# eigh in float32 resolves eigenvalues to about 1e-7 of the largest; past this
-# spread the smallest ones lose more than 1e-4 of their value, so redo in float64.
-_EIGH32_MAX_SPREAD = 1e3
+# eigh resolves eigenvalues to about eps of the largest; past these spreads (float32: the smallest
+# lose more than 1e-4 of their value) a Gram's small eigenvalues and their eigenvectors are noise.
+_EIGH_MAX_SPREAD = {torch.float32: 1e3, torch.float64: 1e10}
 
 
 def _too_wide(values: torch.Tensor) -> bool:
-    """Whether any row of ``values`` (..., n) spans more than ``_EIGH32_MAX_SPREAD``."""
-    return not bool((values.amin(-1) * _EIGH32_MAX_SPREAD >= values.amax(-1)).all())
+    """Whether any row of ``values`` (..., n) spans more than its dtype's ``_EIGH_MAX_SPREAD``."""
+    limit = _EIGH_MAX_SPREAD.get(values.dtype, 1e3)
+    return not bool((values.amin(-1) * limit >= values.amax(-1)).all())
 
 
-def _inv_sqrt_psd(S: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eigenvalues (ascending) and ``S^{-1/2}`` of a batch of symmetric PSD matrices.
+def _inv_sqrt_psd(S: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Eigenvalues (ascending) and ``S^{-1/2}`` of a batch of symmetric PSD matrices, or None when the
+    eigenvalue spread is too wide for the dtype (``_EIGH_MAX_SPREAD``): the caller then retracts by
+    SVD in float64 from the weight itself, as the released code does (by SVD).
 
-    Tries the input's dtype first and falls back to float64 where the eigenvalue
-    spread is too wide for it. The float32 Gram of a matrix near DGram is accurate
-    entry by entry relative to ``d_i d_j``, which is what float64 eigh then needs.
-    A Gram with NaN or Inf entries (a diverged weight) raises ``FloatingPointError``
-    here, before LAPACK sees it (its eigh would fail to converge, or return NaN).
+    Why not a float64 eigh of the same Gram: its small eigenvalues carry the Gram's rounding (eps
+    times the largest), and their power -1/2 blows those directions up. A nearly singular weight (a
+    DGram attention c_proj at eta 0.32 in config/sweep.yaml) came back from the eigh retraction with
+    sigma_max 1050 where the input had 134, outside the growth bound the paper's argument rests on.
+    A Gram with NaN or Inf entries (a diverged weight) raises ``FloatingPointError`` here, before
+    LAPACK sees it (its eigh would fail to converge, or return NaN).
     """
     if not bool(torch.isfinite(S).all()):
         raise FloatingPointError("Gram matrix has NaN or Inf entries (the weight diverged); cannot retract")
-    if S.dtype != torch.float64 and _too_wide(S.diagonal(dim1=-2, dim2=-1)):
-        # The diagonal lies inside the eigenvalue range, so its spread bounds the
-        # eigenvalues' from below: float32 would fail the check below; skip it.
-        evals, evecs = torch.linalg.eigh(S.to(torch.float64))
-    else:
-        evals, evecs = torch.linalg.eigh(S)
-        if S.dtype != torch.float64 and _too_wide(evals):
-            evals, evecs = torch.linalg.eigh(S.to(torch.float64))
+    if _too_wide(S.diagonal(dim1=-2, dim2=-1)):
+        # the diagonal lies inside the eigenvalue range, so its spread bounds the eigenvalues' from below
+        return None
+    evals, evecs = torch.linalg.eigh(S)
+    if _too_wide(evals):
+        return None
     floor = evals[..., -1:].clamp_min(torch.finfo(evals.dtype).tiny) * torch.finfo(evals.dtype).eps
     inv_root = evals.clamp_min(floor).rsqrt()
     return evals, (evecs * inv_root.unsqueeze(-2)) @ evecs.mT
 
 
+def _polar_svd(X: torch.Tensor) -> torch.Tensor:
+    """The polar factor ``U V^T`` of a tall batch, by SVD in float64 (the wide-spread fallback)."""
+    U, _, Vh = torch.linalg.svd(X.to(torch.float64), full_matrices=False)
+    return U @ Vh
+
+
 def _retract_dgram_paper(W: torch.Tensor) -> torch.Tensor:
-    evals, inv_root = _inv_sqrt_psd(_gram(W))
+    got = _inv_sqrt_psd(_gram(W))
+    if got is None:  # too wide for an eigh of the Gram: the released code's SVD form, in float64
+        X = W.to(torch.float64)
+        return (_polar_svd(X) * torch.linalg.svdvals(X).unsqueeze(-2)).to(W.dtype)
+    evals, inv_root = got
     sigma_desc = evals.clamp_min(0).sqrt().flip(-1)
     polar = W @ inv_root.to(W.dtype)
     return polar * sigma_desc.to(W.dtype).unsqueeze(-2)
@@ -124,7 +137,11 @@ def _retract_dgram_colnorm(W: torch.Tensor) -> torch.Tensor:
     gram = _gram(W)
     d = gram.diagonal(dim1=-2, dim2=-1).clamp_min(torch.finfo(gram.dtype).tiny).sqrt()
     corr = gram / (d.unsqueeze(-1) * d.unsqueeze(-2))  # Gram of the column-normalized W
-    _, inv_root = _inv_sqrt_psd(corr)
+    got = _inv_sqrt_psd(corr)
+    if got is None:  # too wide: polar(W D^-1) D by SVD, in float64
+        d64 = d.to(torch.float64).unsqueeze(-2)
+        return (_polar_svd(W.to(torch.float64) / d64) * d64).to(W.dtype)
+    _, inv_root = got
     # polar(W D^-1) D = W (D^-1 corr^-1/2 D): one m x n by n x n product
     right = inv_root.to(W.dtype) / d.unsqueeze(-1) * d.unsqueeze(-2)
     return W @ right
