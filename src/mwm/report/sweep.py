@@ -30,7 +30,7 @@ import pandas as pd
 from .. import paper
 from ..names import ATTN_MATRICES, PAPER_ASSIGNMENTS
 from ..runs import run_config
-from ..sweep import rate_label, sweep_points
+from ..sweep import rate_label, sweep_points, sweep_variant
 from .tables import fmt, write_table
 
 __all__ = ["STABLE", "sweep_results", "summarize", "Stability", "stability", "sweep_report"]
@@ -265,7 +265,7 @@ def fig_sweep_edge(cfg: dict, res: pd.DataFrame, runs, out: Path) -> None:
         onset = pts.onset_step.iloc[0]
         shown = [(a, "-")] + [(v, ls) for v, ls in ((capped_of.get(a), "--"), ("stiefel", ":")) if v in st]
         for v, ls in shown:
-            r = runs[next(k for k, (aa, rr) in sweep_points(cfg["grid"]).items() if aa == v and rr == rate), seed]
+            r = runs[sweep_variant(v, rate), seed]
             sp = r.spectral
             sig = sp[(sp.module == "attn") & sp.matrix.isin(ATTN_MATRICES)].groupby("step")["sigma_max"].max()
             att = r.attention.groupby("step")
@@ -278,8 +278,7 @@ def fig_sweep_edge(cfg: dict, res: pd.DataFrame, runs, out: Path) -> None:
                 ax.plot(y.index, y.values, color=c, ls=ls, label=lab)
             if v == a:
                 steps = sig.index.values
-                tc = run_config(cfg, next(k for k, (aa, rr) in sweep_points(cfg["grid"]).items()
-                                          if aa == v and rr == rate))["train"]
+                tc = run_config(cfg, sweep_variant(v, rate))["train"]
                 row[0].plot(steps, growth_bound(tc, float(sig.iloc[0]), steps), color="k", ls="-.", lw=0.7,
                             label=r"bound $\sigma_0 + \sum \eta_s$")
         for ax, (key, title) in zip(row, panels):
