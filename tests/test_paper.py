@@ -26,6 +26,28 @@ def test_loss_ordering_needs_three_seeds_and_a_gap_above_the_spread():
     assert verdict == paper.TOO_FEW and "spread" in why
 
 
+def test_loss_ordering_sees_a_resolved_reversal_behind_an_unresolved_link():
+    c = paper.claim("loss.order")
+    # the default DAG's pattern: hetero-stiefel unresolved, stiefel-none resolved the other way
+    behind = {"hetero": [4.53, 4.54, 4.545], "stiefel": [4.52, 4.53, 4.523], "none": [4.37, 4.38, 4.381]}
+    verdict, why = paper.judge(c, behind)
+    assert verdict == "not reproduced" and "none" in why and "stiefel" in why
+    # the same reversal in the first link, the second unresolved
+    first = {"hetero": [3.50, 3.51, 3.50], "stiefel": [3.40, 3.41, 3.40], "none": [3.405, 3.40, 3.41]}
+    assert paper.judge(c, first)[0] == "not reproduced"
+    # neighbours unresolved both, the outer pair resolved against the order: a reversal all the same
+    outer = {"hetero": [3.50, 3.40, 3.46], "stiefel": [3.40, 3.50, 3.45], "none": [3.30, 3.40, 3.35]}
+    assert paper.judge(c, outer)[0] == "not reproduced"
+    # in order where resolved, one link open: too few seeds, never reproduced
+    partly = {"hetero": [3.30, 3.31, 3.30], "stiefel": [3.40, 3.41, 3.40], "none": [3.405, 3.40, 3.41]}
+    assert paper.judge(c, partly)[0] == paper.TOO_FEW
+    # symmetric: mirrored data gives the mirrored verdict
+    mirrored = {"hetero": behind["none"], "stiefel": behind["stiefel"], "none": behind["hetero"]}
+    assert paper.judge(c, mirrored)[0] == paper.TOO_FEW
+    tuned = paper.claim("sweep.order_tuned")
+    assert paper.judge(tuned, behind, caps={"any", "sweep"}, seeds=3)[0] == "not reproduced"
+
+
 def test_every_claim_has_a_section_a_paper_value_and_a_stated_rule():
     ids = [c.id for c in paper.CLAIMS]
     assert len(ids) == len(set(ids))
