@@ -73,3 +73,39 @@ def test_attn_sigma_cap_puts_dgram_attention_in_a_capped_group_and_bounds_its_si
     assert all("sigma_cap" not in g for g in plain.muon.param_groups)
     with pytest.raises(ValueError, match="attn_sigma_cap"):
         build_optimizers(tiny_gpt(), "dgram", attn_sigma_cap=0.0, solver=solver)
+
+
+def test_mlp_cap_and_normalized_solve_get_groups_of_their_own():
+    import torch
+
+    from mwm.assignments import build_optimizers
+    from mwm.solvers import SolverSettings
+
+    torch.manual_seed(0)
+    model = tiny_gpt()
+    solver = SolverSettings.defaults()
+    opts = build_optimizers(model, "dgram", muon_lr=2.0, mlp_sigma_cap=1.5, solver_normalize="attn", solver=solver)
+    groups = {(g.get("sigma_cap"), g.get("solver_normalize", False)): g for g in opts.muon.param_groups}
+    assert set(groups) == {(1.5, False), (None, True)}
+    assert all(".mlp.c_" in n for n in groups[1.5, False]["names"])
+    assert all(".attn.c_" in n for n in groups[None, True]["names"])
+    assert SolverSettings.of_group(groups[None, True]).normalize
+    assert not SolverSettings.of_group(groups[1.5, False]).normalize
+    for _ in range(5):
+        x = torch.randint(0, 16, (4, 8))
+        opts.zero_grad()
+        model(x, x)[1].backward()
+        opts.step()
+    for n in groups[1.5, False]["names"]:  # capped, and still on DGram
+        W = dict(model.named_parameters())[n].detach().double()
+        T = W if W.shape[0] >= W.shape[1] else W.T
+        gram = T.T @ T
+        assert float(torch.linalg.matrix_norm(W, ord=2)) <= 1.5 * (1 + 1e-5)
+        assert float((gram - torch.diag(gram.diagonal())).norm() / gram.diagonal().norm()) < 1e-4
+    # a Stiefel weight in scope gets the normalized solve too, which is the paper's there (its scale is 1)
+    both = build_optimizers(tiny_gpt(), "hetero-inv", solver_normalize="all", solver=solver)
+    assert all(g.get("solver_normalize") for g in both.muon.param_groups)
+    with pytest.raises(ValueError, match="solver_normalize"):
+        build_optimizers(tiny_gpt(), "dgram", solver_normalize="heads", solver=solver)
+    with pytest.raises(ValueError, match="mlp_sigma_cap"):
+        build_optimizers(tiny_gpt(), "dgram", mlp_sigma_cap=-1.0, solver=solver)

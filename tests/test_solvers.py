@@ -11,7 +11,7 @@ from mwm.assignments import build_optimizers
 from mwm.dual_ascent import MixedProjector, dual_ascent
 from mwm.manifolds import get_manifold
 from mwm.optim import ManifoldMuon, _split_by_work
-from mwm.solvers import SolverSettings, admm, clip_spectral, solve
+from mwm.solvers import SolverSettings, admm, clip_spectral, scaled_solve, solve, solve_scale
 from test_optim import Tiny, loss_of, train
 
 
@@ -402,3 +402,88 @@ def test_capture_missing_reads_the_runs_summary(tmp_path):
     (tmp_path / "summary.json").write_text(json.dumps({"status": "completed", "onset_step": None, "steps_done": 5}))
     with pytest.raises(ValueError, match="ended with status completed but captured 1 of steps 3-4"):
         capture_missing(tmp_path, sec)
+
+
+# ---------------------------------------------------------------------------------- the normalized solve
+def dgram_pair(m, n, scale, spread=10.0, seed=0, dtype=torch.float64):
+    """A DGram weight of largest column norm ``scale`` (norms spread ``spread``x) and a rank-2 momentum."""
+    g = torch.Generator().manual_seed(seed)
+    Q, _ = torch.linalg.qr(torch.randn(m, n, generator=g, dtype=dtype))
+    d = torch.logspace(-torch.log10(torch.tensor(spread)).item(), 0, n, dtype=dtype)
+    G = torch.randn(m, 2, generator=g, dtype=dtype) @ torch.randn(2, n, generator=g, dtype=dtype)
+    return Q * d * scale, (G + 0.1 * torch.randn(m, n, generator=g, dtype=dtype)) * 1e-3
+
+
+def alignment(G, A):
+    return float((G * A).sum() / torch.linalg.matrix_norm(G, "nuc"))
+
+
+@pytest.mark.parametrize("solver", ["dual_ascent", "admm"])
+def test_scaled_solve_at_scale_one_is_the_plain_solve_bit_for_bit(solver):
+    W, G = pair(48, 16, "dgram", batch=(3,))
+    s = SolverSettings.defaults(solver=solver, steps=6)
+    L0 = solve(W, G, "dgram", s).Lambda
+    for kw in ({}, {"Lambda0": L0}):
+        plain = solve(W, G, "dgram", s, **kw)
+        scaled = scaled_solve(W, G, "dgram", s, torch.ones(3), **kw)
+        assert torch.equal(plain.A, scaled.A) and torch.equal(plain.Lambda, scaled.Lambda)
+
+
+def test_solve_scale_is_the_dgram_sigma_max_and_one_elsewhere():
+    W, _ = dgram_pair(60, 12, 7.0)
+    assert float(solve_scale(W, "dgram")) == pytest.approx(float(torch.linalg.matrix_norm(W, 2)), rel=1e-12)
+    assert float(solve_scale(W.mT, "dgram")) == pytest.approx(7.0, rel=1e-12)  # wide: its tall orientation
+    assert float(solve_scale(W, "stiefel")) == 1.0
+    both = torch.stack([W, W])
+    assert solve_scale(both, ["dgram", "stiefel"]).tolist() == pytest.approx([7.0, 1.0], rel=1e-12)
+    with pytest.raises(ValueError, match="one positive scale per matrix"):
+        scaled_solve(W, W, "dgram", SolverSettings.defaults(), torch.zeros(()))
+
+
+@pytest.mark.parametrize("solver", ["dual_ascent", "admm"])
+@pytest.mark.parametrize("scale", [0.3, 10.0, 100.0])
+def test_normalized_solve_does_not_depend_on_the_weights_scale(solver, scale):
+    # scaling a DGram weight keeps its tangent space: the normalized solve of c W is the solve of W (at
+    # largest column norm 1), A the same and the multiplier in c W's units
+    W, G = dgram_pair(96, 32, 1.0)
+    s = SolverSettings.defaults(solver=solver, steps=20, normalize=True)
+    unit, scaled = solve(W, G, "dgram", s), solve(scale * W, G, "dgram", s)
+    assert rel(scaled.A, unit.A) < 1e-10
+    assert rel(scale * scaled.Lambda, unit.Lambda) < 1e-10
+
+
+@pytest.mark.parametrize("scale", [1.0, 10.0, 100.0])
+def test_normalized_solve_converges_to_the_optimum_at_any_scale(scale):
+    # certified without a second solver: a feasible A (tangent, ||A||_2 <= 1) whose value tr(G^T A)
+    # equals the dual value ||G + 2 W Lambda||_* (weak duality bounds every feasible value by it) is optimal
+    W, G = dgram_pair(96, 32, scale)
+    res = solve(W, G, "dgram", SolverSettings.defaults(solver="admm", steps=400, normalize=True))
+    A, L = res.A, res.Lambda
+    H = W.mT @ A + A.mT @ W
+    assert float((H - torch.diag(H.diagonal())).norm() / (W.norm() * A.norm())) < 1e-9
+    assert float(torch.linalg.matrix_norm(A, 2)) <= 1 + 1e-9
+    primal = float((G * A).sum())
+    dual = float(torch.linalg.matrix_norm(G + 2 * W @ L, "nuc"))
+    assert dual - primal <= 1e-8 * dual
+
+
+def test_the_papers_solve_loses_the_momentum_as_dgram_weights_grow_and_the_normalized_one_keeps_it():
+    # the paper's 20 iterations at alpha 0.1 (its absolute multiplier step acts like c^2 alpha) against the
+    # same 20 iterations on W / sigma_max; the optimum is the same at every scale
+    plain, normal = SolverSettings.defaults(), SolverSettings.defaults(normalize=True)
+    at_one = alignment(dgram_pair(96, 32, 1.0)[1], solve(*dgram_pair(96, 32, 1.0), "dgram", normal).A)
+    for scale in (10.0, 30.0, 100.0):
+        W, G = dgram_pair(96, 32, scale)
+        a_norm = alignment(G, solve(W, G, "dgram", normal).A)
+        a_plain = alignment(G, solve(W, G, "dgram", plain).A)
+        assert a_norm == pytest.approx(at_one, abs=1e-9)
+        assert a_norm > 0.8
+        assert a_plain < a_norm - 0.3
+
+
+def test_a_param_group_from_before_the_normalize_field_keeps_the_papers_solve():
+    group = SolverSettings.defaults().group()
+    del group["solver_normalize"]  # a checkpoint written before the key existed
+    assert SolverSettings.of_group(group) == SolverSettings.defaults()
+    with pytest.raises(ValueError, match="normalize must be True or False"):
+        SolverSettings.defaults(normalize="yes")

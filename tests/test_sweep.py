@@ -9,7 +9,7 @@ import pytest
 from mwm.checks import check_config
 from mwm.config import ConfigError, load_config, validate
 from mwm.runs import assignment_spec, config_run_identity, grid_variants, run_config
-from mwm.sweep import rate_label, sweep_overrides, sweep_points, sweep_variant
+from mwm.sweep import intervention_keys, intervention_label, rate_label, sweep_overrides, sweep_points, sweep_variant
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -104,3 +104,34 @@ def test_the_sweep_configs_expand_as_documented():
         other = load_config(ROOT / "config" / f"{name}.yaml")
         check_config(other, f"config/{name}.yaml")
         assert other["workflow"]["report"] == "sweep"
+
+
+@pytest.mark.parametrize("over,match", [
+    ({"mlp_sigma_cap": 4.0}, None),
+    ({"solver_normalize": "all"}, None),
+    ({"solver_normalize": "attn", "attn_sigma_cap": 4.0}, None),
+    ({}, "one or more of"),
+    ({"solver_normalize": None}, "one or more of"),
+    ({"solver": "admm"}, "nothing else"),
+])
+def test_interventions_may_cap_either_module_or_normalize_the_solve(over, match):
+    cfg = sweep_cfg()
+    cfg["grid"]["train_overrides"]["dgram-capped"] = over
+    if match is None:
+        check_config(cfg, "sweep.yaml")
+        assert intervention_keys(cfg["grid"], "dgram-capped") == over
+        assert intervention_label(cfg["grid"], "dgram-capped")
+    else:
+        with pytest.raises(ConfigError, match=match):
+            check_config(cfg, "sweep.yaml")
+
+
+def test_an_intervention_on_a_module_with_no_dgram_matrix_is_refused():
+    cfg = sweep_cfg()
+    cfg["grid"]["assignments"].append("hetero-inv-mlpcap")
+    cfg["grid"]["custom"]["hetero-inv-mlpcap"] = {"*.attn.*": "dgram", "*.mlp.*": "stiefel"}
+    cfg["grid"]["train_overrides"]["hetero-inv-mlpcap"] = {"mlp_sigma_cap": 4.0}
+    cfg["grid"]["assignments"].append("hetero-inv")
+    cfg["grid"]["intervention"]["hetero-inv-mlpcap"] = "hetero-inv"
+    with pytest.raises(ConfigError, match="no MLP matrix on DGram"):
+        check_config(cfg, "sweep.yaml")

@@ -22,7 +22,7 @@ from typing import Mapping
 import torch
 
 from .layout import match_patterns
-from .names import ADAMW, ATTN_KEYS, MLP_KEYS, NAMED_ASSIGNMENTS
+from .names import ADAMW, ATTN_KEYS, MLP_KEYS, NAMED_ASSIGNMENTS, NORMALIZE_SCOPES
 from .optim import MUON_MANIFOLDS, ManifoldMuon
 from .solvers import SolverSettings
 
@@ -186,6 +186,8 @@ def build_optimizers(
     init_on_manifold: bool = True,
     solver: SolverSettings | None = None,
     attn_sigma_cap: float | None = None,
+    mlp_sigma_cap: float | None = None,
+    solver_normalize: str | None = None,
 ) -> Optimizers:
     """Split ``model``'s parameters as the paper does and build both optimizers.
 
@@ -193,23 +195,33 @@ def build_optimizers(
     Muon: one group per manifold; plain Muon gets ``weight_decay``, the
     constrained groups get none (it would push them off the manifold).
     ``solver``: the inner solve's settings and every msign's (:class:`~mwm.solvers.SolverSettings`;
-    None: the schema's defaults). ``attn_sigma_cap``: the DGram attention weights go to a group of
-    their own whose singular values are capped at it after every retraction (``train.attn_sigma_cap``,
-    the intervention of :mod:`mwm.sweep`); None: no cap, as in the paper.
+    None: the schema's defaults). ``attn_sigma_cap`` / ``mlp_sigma_cap``: the DGram attention (MLP)
+    weights go to a group of their own whose singular values are capped at it after every retraction
+    (``train.attn_sigma_cap``, the intervention of :mod:`mwm.sweep`); None: no cap, as in the paper.
+    ``solver_normalize``: ``all``, ``attn`` or ``mlp``, the modules whose constrained weights get a
+    group with the scale-normalized inner solve (``train.solver_normalize``); None: the paper's.
     """
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     plan = resolve_assignment(named, assignment)
     decay, no_decay = [], []
-    if attn_sigma_cap is not None and not attn_sigma_cap > 0:
-        raise ValueError(f"attn_sigma_cap must be > 0 (or None), got {attn_sigma_cap!r}")
-    muon_groups: dict[tuple[str, bool], tuple[list, list]] = {}
+    caps = {"attn": attn_sigma_cap, "mlp": mlp_sigma_cap}
+    for kind, cap in caps.items():
+        if cap is not None and not cap > 0:
+            raise ValueError(f"{kind}_sigma_cap must be > 0 (or None), got {cap!r}")
+    if solver_normalize is not None and solver_normalize not in NORMALIZE_SCOPES:
+        raise ValueError(f"unknown solver_normalize {solver_normalize!r}; choose one of {', '.join(NORMALIZE_SCOPES)}")
+    scope = NORMALIZE_SCOPES.get(solver_normalize, ())
+    # group key: (manifold, the module kind whose cap the group carries or "", normalized solve)
+    muon_groups: dict[tuple[str, str, bool], tuple[list, list]] = {}
     for n, p in named:
         target = plan[n]
         if target == ADAMW:
             (decay if p.ndim >= 2 else no_decay).append(p)
         else:
-            capped = attn_sigma_cap is not None and target == "dgram" and module_kind(n, p) == "attn"
-            names, params = muon_groups.setdefault((target, capped), ([], []))
+            kind = module_kind(n, p)
+            capped = kind if caps[kind] is not None and target == "dgram" else ""
+            normalized = kind in scope and target != "none"
+            names, params = muon_groups.setdefault((target, capped, normalized), ([], []))
             names.append(n)
             params.append(p)
     adamw_groups = [g for g in ({"params": decay, "weight_decay": weight_decay},
@@ -220,8 +232,9 @@ def build_optimizers(
         groups = [
             {"params": params, "names": names, "manifold": mf,
              "weight_decay": weight_decay if mf == "none" else 0.0,
-             **({"sigma_cap": float(attn_sigma_cap)} if capped else {})}
-            for (mf, capped), (names, params) in sorted(muon_groups.items())
+             **({"sigma_cap": float(caps[capped])} if capped else {}),
+             **({"solver_normalize": True} if normalized else {})}
+            for (mf, capped, normalized), (names, params) in sorted(muon_groups.items())
         ]
         muon = ManifoldMuon(groups, lr=muon_lr, momentum=momentum, dgram_retraction=dgram_retraction,
                             init_on_manifold=init_on_manifold, solver=solver)

@@ -39,6 +39,7 @@ __all__ = [
     "UNCONSTRAINED",
     "RETRACTIONS",
     "SOLVERS",
+    "NORMALIZE_SCOPES",
     "PRECISIONS",
     "MSIGN_STEPS",
     "COLNORM_SUFFIX",
@@ -79,6 +80,9 @@ UNCONSTRAINED = ("none", ADAMW)
 RETRACTIONS = ("paper", "colnorm")
 #: Manifold Muon's inner solvers (:mod:`mwm.solvers`): the paper's dual ascent, and ADMM.
 SOLVERS = ("dual_ascent", "admm")
+#: Which modules' inner solves ``train.solver_normalize`` scale-normalizes (:func:`mwm.solvers.scaled_solve`):
+#: module kind(s) per scope.
+NORMALIZE_SCOPES: dict[str, tuple[str, ...]] = {"all": ("attn", "mlp"), "attn": ("attn",), "mlp": ("mlp",)}
 #: msign precisions (:mod:`mwm.msign`): ``float32``, and ``bfloat16`` as the released code runs it.
 PRECISIONS = ("float32", "bfloat16")
 #: Polar Express steps of every msign in the Manifold Muon reference code (8 published triples, the

@@ -18,7 +18,7 @@ __all__ = ["RUN_FILES", "capture_window", "run_dir", "checkpoint_dir", "grid_var
 
 #: The train settings of the inner solver: all a ``grid.solver_comparison`` candidate may change.
 SOLVER_TRAIN_KEYS = ("solver", "warm_start", "solver_max_steps", "solver_tol", "admm_rho", "dual_ascent_steps",
-                     "dual_ascent_alpha")
+                     "dual_ascent_alpha", "solver_normalize")
 
 #: The results root of the workflow (the train rule's ``--out``): its ``runs/<name>/`` holds the config's own runs.
 RESULTS_ROOT = "results"

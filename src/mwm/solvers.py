@@ -34,6 +34,17 @@ Both take a warm-start multiplier ``Lambda0`` and a tolerance ``tol`` on
 ``||P(W^T A + A^T W)||_RMS`` (per matrix), and return a
 :class:`~mwm.dual_ascent.DualAscentResult` with the final multiplier.
 
+The scale-normalized solve (``SolverSettings.normalize``, :func:`scaled_solve`): the
+problem depends on ``W`` only through its tangent space, and scaling a DGram weight by
+``c`` keeps that space (and the feasible set of ``A``) but multiplies the multiplier's
+effect ``2 W Lambda`` and the violation ``H`` by ``c`` each, so dual ascent's absolute step
+``alpha (1 - t/T) H`` acts like ``c^2 alpha`` and overshoots as DGram weights grow. Solved on
+``W / s`` and mapped back (``A`` is the same, ``Lambda_W = Lambda_{W/s} / s``), the solve sees
+the scale at which ``alpha`` was set, whatever the weight's. ``s`` is each DGram matrix's
+largest column norm (tall orientation), its ``sigma_max`` on DGram: ``W / s`` has the Stiefel
+scale ``sigma_max = 1``, at the cost of one column-norm pass and no SVD. Other manifolds keep
+``s = 1`` (their column norms are fixed at 1), so the normalized solve is the plain one there.
+
 :class:`SolverSettings` holds a solve's settings: built once from a config's ``train``
 section (:meth:`SolverSettings.from_train`; the schema is the one home of the defaults,
 :meth:`SolverSettings.defaults`) and passed whole to the optimizer and to :func:`solve`.
@@ -50,10 +61,11 @@ import torch
 from . import names
 from .dual_ascent import METHODS, DualAscentResult, as_manifold, dual_ascent
 from .inner import Tolerance, check_inputs, check_iterations, or_default, result, start_multiplier, tall_pair
-from .manifolds import rms
+from .manifolds import rms, to_tall
 from .msign import DEFAULT_STEPS, check_precision, msign
 
-__all__ = ["SOLVERS", "SolverSettings", "admm", "clip_spectral", "solve", "msign_per_iteration"]
+__all__ = ["SOLVERS", "SolverSettings", "admm", "clip_spectral", "solve", "solve_scale", "scaled_solve",
+           "msign_per_iteration"]
 
 SOLVERS = names.SOLVERS
 
@@ -66,7 +78,8 @@ class SolverSettings:
     iteration cap (dual ascent's ``T`` in ``alpha (1 - t/T)``); ``tol``: per-matrix stop at
     ``||H||_RMS < tol`` (None: always ``steps``); ``rho``: ADMM's penalty; ``warm_start``: start
     from the previous step's multiplier (the optimizer keeps it); ``msign_steps`` and
-    ``precision``: every msign's; ``method``: dual ascent's evaluation order.
+    ``precision``: every msign's; ``method``: dual ascent's evaluation order; ``normalize``: solve on
+    ``W / s`` (the scale-normalized solve of the module doc; False: the paper's).
     """
 
     solver: str
@@ -78,6 +91,7 @@ class SolverSettings:
     msign_steps: int
     precision: str
     method: str = "auto"
+    normalize: bool = False
 
     def __post_init__(self):
         if self.solver not in SOLVERS:
@@ -95,10 +109,14 @@ class SolverSettings:
         check_precision(self.precision)
         if self.method not in METHODS:
             raise ValueError(f"unknown dual ascent method {self.method!r}; choose one of {', '.join(METHODS)}")
+        if not isinstance(self.normalize, bool):
+            raise ValueError(f"normalize must be True or False, got {self.normalize!r}")
 
     @classmethod
     def from_train(cls, train: Mapping) -> "SolverSettings":
-        """The settings a config's (validated) ``train`` section gives."""
+        """The settings a config's (validated) ``train`` section gives. ``train.solver_normalize`` names
+        the modules whose solves are normalized, so :func:`mwm.assignments.build_optimizers` sets
+        ``normalize`` per parameter group; here it stays False."""
         return cls(solver=train["solver"], alpha=train["dual_ascent_alpha"],
                    steps=train["solver_max_steps"] or train["dual_ascent_steps"], tol=train["solver_tol"],
                    rho=train["admm_rho"], warm_start=train["warm_start"], msign_steps=train["msign_steps"],
@@ -118,7 +136,9 @@ class SolverSettings:
     #: optimizer state loads weights-only; the keys checkpoints have always had)
     GROUP_KEYS = {"solver": "solver", "alpha": "alpha", "steps": "dual_steps", "tol": "solver_tol", "rho": "rho",
                   "warm_start": "warm_start", "msign_steps": "msign_steps", "precision": "msign_precision",
-                  "method": "method"}
+                  "method": "method", "normalize": "solver_normalize"}
+    #: fields added after checkpoints were first written: the value a group without the key had
+    LATER_FIELDS = {"normalize": False}
 
     def group(self) -> dict:
         """These settings as optimizer param-group entries."""
@@ -126,8 +146,10 @@ class SolverSettings:
 
     @classmethod
     def of_group(cls, group: Mapping) -> "SolverSettings":
-        """The settings held by an optimizer param group (checked again: a group may set its own)."""
-        return cls(**{field: group[key] for field, key in cls.GROUP_KEYS.items()})
+        """The settings held by an optimizer param group (checked again: a group may set its own; one
+        loaded from a checkpoint older than a field has that field's old value, :data:`LATER_FIELDS`)."""
+        return cls(**{field: group[key] if key in group or field not in cls.LATER_FIELDS
+                      else cls.LATER_FIELDS[field] for field, key in cls.GROUP_KEYS.items()})
 
 
 def msign_per_iteration(solver: str) -> int:
@@ -226,8 +248,45 @@ _SOLVE = {"dual_ascent": (_dual_ascent, 1), "admm": (_admm, 2)}
 def solve(W, G, manifold, settings: SolverSettings, *, Lambda0: torch.Tensor | None = None,
           record_violations: bool = False, snapshots: Iterable[int] = ()) -> DualAscentResult:
     """Run the inner solve ``settings`` describes on ``W``, ``G`` (``Lambda0``: a warm start;
-    ``record_violations``, ``snapshots``: as :func:`~mwm.dual_ascent.dual_ascent`)."""
+    ``record_violations``, ``snapshots``: as :func:`~mwm.dual_ascent.dual_ascent`); with
+    ``settings.normalize``, on ``W / s`` (:func:`scaled_solve` at :func:`solve_scale`)."""
     if not isinstance(settings, SolverSettings):
         raise TypeError(f"solve takes a SolverSettings, got {type(settings).__name__}")
+    kw = dict(Lambda0=Lambda0, record_violations=record_violations, snapshots=snapshots)
+    if settings.normalize:
+        return scaled_solve(W, G, manifold, settings, solve_scale(W, manifold), **kw)
     run, _ = _SOLVE[settings.solver]
-    return run(W, G, manifold, settings, Lambda0=Lambda0, record_violations=record_violations, snapshots=snapshots)
+    return run(W, G, manifold, settings, **kw)
+
+
+def solve_scale(W: torch.Tensor, manifold) -> torch.Tensor:
+    """The scale ``s`` of the normalized solve, per matrix (shape ``W.shape[:-2]``): a DGram matrix's
+    largest column norm in the tall orientation (its ``sigma_max``), 1 for any other manifold."""
+    mf = as_manifold(manifold)
+    Wt = to_tall(W.float() if W.dtype in (torch.float16, torch.bfloat16) else W)[0]
+    s = Wt.norm(dim=-2).amax(dim=-1).clamp_min(torch.finfo(Wt.dtype).tiny)
+    names = getattr(mf, "names", None)
+    if names is None:
+        return s if mf.name == "dgram" else torch.ones_like(s)
+    dgram = torch.tensor([n == "dgram" for n in names], device=s.device)
+    return torch.where(dgram, s, torch.ones_like(s))
+
+
+def scaled_solve(W, G, manifold, settings: SolverSettings, s: torch.Tensor, *,
+                 Lambda0: torch.Tensor | None = None, record_violations: bool = False,
+                 snapshots: Iterable[int] = ()) -> DualAscentResult:
+    """The inner solve of ``settings`` on ``W / s`` (``s``: one positive scale per matrix, shape
+    ``W.shape[:-2]``), mapped back: ``A`` solves the same problem (the tangent space of ``W / s`` is
+    ``W``'s), the multiplier is ``Lambda / s`` in ``W``'s units (and a warm start ``Lambda0`` enters
+    as ``s Lambda0``). Violations and the tolerance are those of ``W / s``. At ``s = 1`` it is the
+    plain solve, bit for bit."""
+    s = s.to(device=W.device, dtype=torch.float32 if W.dtype in (torch.float16, torch.bfloat16) else W.dtype)
+    if s.shape != W.shape[:-2] or not bool((s > 0).all()):
+        raise ValueError(f"scaled_solve needs one positive scale per matrix (shape {tuple(W.shape[:-2])}), "
+                         f"got shape {tuple(s.shape)}")
+    s4 = s[..., None, None]
+    run, _ = _SOLVE[settings.solver]
+    res = run(W / s4, G, manifold, settings, Lambda0=None if Lambda0 is None else Lambda0 * s4,
+              record_violations=record_violations, snapshots=snapshots)
+    res.Lambda = res.Lambda / s4
+    return res

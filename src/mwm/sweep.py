@@ -9,10 +9,12 @@ by ``r / train.muon_lr`` (``fixed``: unchanged). ``train.muon_lr`` is the shared
 for every assignment; it must be one of the sweep's rates.
 
 ``grid.intervention``: candidate -> baseline, like ``grid.solver_comparison``: the candidate trains
-the baseline's manifolds with ``train.attn_sigma_cap`` set (its only ``grid.train_overrides`` key),
-which caps the singular values of DGram attention weights after every retraction
-(:func:`mwm.manifolds.cap_column_norms`). The sweep report judges whether the cap restores stability
-at the baseline's first unstable rate.
+the baseline's manifolds with one or more of :data:`INTERVENTION_KEYS` set (its only
+``grid.train_overrides`` keys): ``attn_sigma_cap`` / ``mlp_sigma_cap`` cap the singular values of the
+DGram attention (MLP) weights after every retraction (:func:`mwm.manifolds.cap_column_norms`),
+``solver_normalize`` solves their inner problem scale-normalized (:func:`mwm.solvers.scaled_solve`).
+The sweep report judges whether the attention cap restores stability at the baseline's first unstable
+rate; the mechanism report (:mod:`mwm.report.mechanism`) judges each intervention arm.
 
 Torch-free: the Snakefile imports it.
 """
@@ -20,12 +22,15 @@ Torch-free: the Snakefile imports it.
 from __future__ import annotations
 
 __all__ = ["ETA_TAG", "rate_label", "sweep_variant", "sweep_points", "sweep_variants", "sweep_overrides",
-           "check_sweep", "INTERVENTION_KEYS"]
+           "check_sweep", "INTERVENTION_KEYS", "SWEEP_REPORTS", "intervention_keys", "intervention_label"]
 
 #: What joins an assignment and its rate in a sweep variant's name.
 ETA_TAG = "-eta"
-#: The train settings an intervention candidate may change (its grid.train_overrides).
-INTERVENTION_KEYS = ("attn_sigma_cap",)
+#: The train settings an intervention candidate may change (its grid.train_overrides), with the module
+#: kinds each acts on (``solver_normalize``: those its scope names, :data:`mwm.names.NORMALIZE_SCOPES`).
+INTERVENTION_KEYS = ("attn_sigma_cap", "mlp_sigma_cap", "solver_normalize")
+#: The reports (``workflow.report``) of a config with a sweep; a sweep needs one of them.
+SWEEP_REPORTS = ("sweep", "mechanism")
 
 
 def rate_label(rate: float) -> str:
@@ -65,12 +70,38 @@ def sweep_overrides(train: dict, sweep: dict, rate: float) -> dict:
     return over
 
 
+def intervention_keys(grid: dict, cand: str) -> dict:
+    """The intervention settings of variant ``cand`` (its ``grid.train_overrides`` among
+    :data:`INTERVENTION_KEYS`); empty for a variant that is no intervention."""
+    over = grid.get("train_overrides", {}).get(cand, {})
+    return {k: over[k] for k in INTERVENTION_KEYS if over.get(k) is not None}
+
+
+def intervention_label(grid: dict, cand: str) -> str:
+    """What an intervention candidate changes, in words (``attention capped at 4``)."""
+    keys = intervention_keys(grid, cand)
+    words = []
+    for kind, label in (("attn", "attention"), ("mlp", "MLP")):
+        if f"{kind}_sigma_cap" in keys:
+            words.append(f"{label} capped at {keys[f'{kind}_sigma_cap']:g}")
+    if "solver_normalize" in keys:
+        scope = keys["solver_normalize"]
+        words.append("normalized solve" + ("" if scope == "all" else f" ({'attention' if scope == 'attn' else 'MLP'})"))
+    return ", ".join(words)
+
+
+def _modules_of(key: str, value) -> tuple[str, ...]:
+    from .names import NORMALIZE_SCOPES
+
+    return NORMALIZE_SCOPES[value] if key == "solver_normalize" else (key.split("_", 1)[0],)
+
+
 def check_sweep(cfg: dict, where: str) -> None:
     """Raise ConfigError for a sweep or intervention the rest of the config contradicts: the shared
     rate (``train.muon_lr``) not among the rates, sweep variant names that clash with assignments,
     the retraction ablation or a solver comparison beside a sweep (their report is the full one),
-    and an intervention whose pair is not in the grid, manifolds differ, or whose overrides are not
-    the cap alone."""
+    and an intervention whose pair is not in the grid, manifolds differ, whose overrides are not
+    intervention settings alone, or whose setting acts on no DGram matrix."""
     from .config import ConfigError
     from .layout import model_shape
     from .runs import assignment_spec
@@ -79,9 +110,9 @@ def check_sweep(cfg: dict, where: str) -> None:
     sweep = grid.get("sweep")
     inter = grid.get("intervention") or {}
     report = cfg["workflow"]["report"]
-    if bool(sweep) != (report == "sweep"):
+    if bool(sweep) != (report in SWEEP_REPORTS):
         raise ConfigError(f"{where}: workflow.report: {report} and grid.sweep: {sweep!r}: a sweep is reported by "
-                          "workflow.report: sweep, and that report needs grid.sweep")
+                          f"workflow.report: {' or '.join(SWEEP_REPORTS)}, and those reports need grid.sweep")
     if inter and not sweep:
         raise ConfigError(f"{where}: grid.intervention needs grid.sweep (the sweep report judges it)")
     if sweep:
@@ -112,15 +143,19 @@ def check_sweep(cfg: dict, where: str) -> None:
                               f"baseline's manifolds (candidate {assignment_spec(grid, cand)!r}, baseline "
                               f"{assignment_spec(grid, base)!r})")
         got = _manifolds(assignment_spec(grid, cand), n_layer) or {}
-        if not any(".attn." in n and m == "dgram" for n, m in got.items()):
-            raise ConfigError(f"{where}: grid.intervention.{cand}: {base!r} puts no attention matrix on DGram, so "
-                              "train.attn_sigma_cap would change nothing")
         over = grid.get("train_overrides", {}).get(cand, {})
-        if set(over) != set(INTERVENTION_KEYS) or over.get("attn_sigma_cap") is None:
-            raise ConfigError(f"{where}: grid.intervention.{cand}: its grid.train_overrides must set "
+        if not over or set(over) - set(INTERVENTION_KEYS) or any(v is None for v in over.values()):
+            raise ConfigError(f"{where}: grid.intervention.{cand}: its grid.train_overrides must set one or more of "
                               f"{', '.join(INTERVENTION_KEYS)} and nothing else (got {over!r})")
-        if grid.get("train_overrides", {}).get(base, {}).get("attn_sigma_cap") is not None:
-            raise ConfigError(f"{where}: grid.intervention.{cand}: its baseline {base!r} is capped too")
+        for key, value in over.items():
+            kinds = _modules_of(key, value)
+            if not any(m == "dgram" and any(f".{k}." in n for k in kinds) for n, m in got.items()):
+                words = "/".join("attention" if k == "attn" else "MLP" for k in kinds)
+                raise ConfigError(f"{where}: grid.intervention.{cand}: {base!r} puts no {words} matrix on DGram, so "
+                                  f"train.{key} would change nothing")
+        if intervention_keys(grid, base):
+            raise ConfigError(f"{where}: grid.intervention.{cand}: its baseline {base!r} is an intervention too "
+                              f"({intervention_keys(grid, base)})")
 
 
 def _manifolds(spec, n_layer: int) -> object:

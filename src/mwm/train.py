@@ -345,7 +345,8 @@ class Run:
             self.model, assignment_spec(cfg["grid"], assignment), adamw_lr=tc["learning_rate"], betas=(tc["beta1"], tc["beta2"]),
             weight_decay=tc["weight_decay"], muon_lr=tc["muon_lr"], momentum=tc["muon_momentum"],
             dgram_retraction=retraction, solver=SolverSettings.from_train(tc),
-            attn_sigma_cap=tc.get("attn_sigma_cap"),
+            attn_sigma_cap=tc.get("attn_sigma_cap"), mlp_sigma_cap=tc.get("mlp_sigma_cap"),
+            solver_normalize=tc.get("solver_normalize"),
         )
         self.model.to(self.device)
         self.opts.follow(self.model)

@@ -30,7 +30,7 @@ import pandas as pd
 from .. import paper
 from ..names import ATTN_MATRICES, PAPER_ASSIGNMENTS
 from ..runs import run_config
-from ..sweep import rate_label, sweep_points, sweep_variant
+from ..sweep import intervention_keys, intervention_label, rate_label, sweep_points, sweep_variant
 from .tables import fmt, write_table
 
 __all__ = ["STABLE", "sweep_results", "summarize", "Stability", "stability", "sweep_report"]
@@ -132,7 +132,8 @@ def sweep_ledger_values(cfg: dict, res: pd.DataFrame) -> dict:
     out["sweep.stability_edge"] = (edges, shown or "--", "")
 
     tests, texts = [], []
-    for cand, base in cfg["grid"]["intervention"].items():
+    caps = attention_caps(cfg)
+    for cand, base in caps.items():
         if base not in st or cand not in st or st[base].first_unstable is None:
             continue
         rate = st[base].first_unstable
@@ -142,14 +143,19 @@ def sweep_ledger_values(cfg: dict, res: pd.DataFrame) -> dict:
         texts.append(f"{cand} at eta {rate_label(rate)} ({base}'s first unstable rate): "
                      f"{int(row.unstable.iloc[0]) if len(row) else '?'} of {int(row.seeds.iloc[0]) if len(row) else '?'} "
                      "seeds unstable")
-    if not cfg["grid"]["intervention"]:
-        out["sweep.cap_restores"] = (None, "--", "no grid.intervention in this config")
+    if not caps:
+        out["sweep.cap_restores"] = (None, "--", "no grid.intervention capping attention in this config")
     elif not tests:
         out["sweep.cap_restores"] = (None, "--", "no intervention baseline went unstable at any rate of the sweep: "
                                      "nothing to intervene on")
     else:
         out["sweep.cap_restores"] = (all(tests), "; ".join(texts), "")
     return out
+
+
+def attention_caps(cfg: dict) -> dict[str, str]:
+    """The interventions that cap attention's singular values: ``{candidate: baseline}``."""
+    return {c: b for c, b in cfg["grid"]["intervention"].items() if "attn_sigma_cap" in intervention_keys(cfg["grid"], c)}
 
 
 def _order_value(res: pd.DataFrame, st: dict, rate: dict) -> tuple:
@@ -226,7 +232,7 @@ def fig_sweep_lr(cfg: dict, res: pd.DataFrame, out: Path) -> None:
         capped = a in cfg["grid"]["intervention"]
         c = style.color(cfg["grid"]["intervention"].get(a, a))
         ax.plot(g.rate, g["mean"], color=c, ls="--" if capped else "-", marker="o", ms=2.5,
-                label=style.label(a) + (" (attention capped)" if capped else ""))
+                label=style.label(a) + (f" ({intervention_label(cfg['grid'], a)})" if capped else ""))
         ax.fill_between(g.rate, g["min"], g["max"], color=c, alpha=0.15, lw=0)
         bad = g[g.unstable > 0]
         top = np.nanmax(summary["max"].values) if summary["max"].notna().any() else 1.0
@@ -257,7 +263,7 @@ def fig_sweep_edge(cfg: dict, res: pd.DataFrame, runs, out: Path) -> None:
                         transform=axes[0, 0].transAxes)
         for ax in axes.ravel():
             ax.axis("off")
-    capped_of = {b: c for c, b in cfg["grid"]["intervention"].items()}
+    capped_of = {b: c for c, b in attention_caps(cfg).items()}
     for row, (a, s) in zip(axes, cases):
         rate = s.first_unstable
         pts = res[(res.assignment == a) & (res.rate == rate) & (res.status != "completed")]
@@ -272,7 +278,7 @@ def fig_sweep_edge(cfg: dict, res: pd.DataFrame, runs, out: Path) -> None:
             series = {"sigma": sig, "logit_range_max": att["logit_range_max"].max(),
                       "entropy_mean": att["entropy_mean"].mean(), "jac_fro_mean": att["jac_fro_mean"].mean()}
             c = style.color(a if v == capped_of.get(a) else v)
-            lab = style.label(v) + (" (attention capped)" if v == capped_of.get(a) else "")
+            lab = style.label(v) + (f" ({intervention_label(cfg['grid'], v)})" if v == capped_of.get(a) else "")
             for ax, (key, _) in zip(row, panels):
                 y = series[key]
                 ax.plot(y.index, y.values, color=c, ls=ls, label=lab)
