@@ -35,7 +35,9 @@ def curve(best, unstable_from=None, base=4.0, seeds=3):
 
 
 def cfg(intervention=None):
-    return {"train": {"muon_lr": 0.02}, "grid": {"intervention": intervention or {}}}
+    intervention = intervention or {}
+    return {"train": {"muon_lr": 0.02}, "grid": {"intervention": intervention,
+                                                 "train_overrides": {c: {"attn_sigma_cap": 1.0} for c in intervention}}}
 
 
 def test_edge_counts_contiguous_stable_rates_and_best_skips_unstable_ones():

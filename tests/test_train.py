@@ -56,6 +56,11 @@ def test_run_writes_documented_outputs(tmp_path):
     assert sorted(p.name for p in (d / "spectra").iterdir())[-1] == "step_000012.npz"
     pairs = __import__("numpy").load(d / "pairs.npz")
     assert len(pairs["names"]) == 8 and pairs["W_0"].shape == pairs["G_0"].shape
+    # the inner solve measured at the step after each evaluation (the last evaluation has none)
+    sol = csv_cols(d / "solver.csv", ["step", "manifold", "alignment", "alignment_converged", "violation_converged"])
+    assert [r[0] for r in sol] == [str(s) for s in (0, 4, 8) for _ in range(8)]
+    assert {r[1] for r in sol} == {"stiefel", "dgram"}
+    assert all(-1 <= float(r[2]) <= 1 + 1e-5 and 0 < float(r[3]) <= 1 + 1e-5 and float(r[4]) < 0.05 for r in sol)
 
 
 def test_same_config_gives_identical_metrics(tmp_path):
@@ -166,6 +171,7 @@ def test_interrupted_run_resumes_bit_for_bit(tmp_path, how):
     ref_d = ref_out / "runs" / "tiny" / "hetero" / "seed0"
     assert metric_rows(d) == metric_rows(ref_d)
     assert (d / "eval.csv").read_text() == (ref_d / "eval.csv").read_text()
+    assert (d / "solver.csv").read_text() == (ref_d / "solver.csv").read_text()
     a = torch.load(d / "final.pt")
     b = torch.load(ref_d / "final.pt")
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -195,6 +201,10 @@ def test_two_ranks_equal_one_rank(tmp_path):
         assert torch.allclose(a[k], b[k], atol=2e-5, rtol=1e-4), k
     s = json.loads((tmp_path / "r2" / "runs" / "tiny" / "ddp" / "seed0" / "summary.json").read_text())
     assert s["world_size"] == 2
+    # each rank measures the solves it computed; rank 0 writes them all
+    one, two = (csv_cols(tmp_path / r / "runs" / "tiny" / "ddp" / "seed0" / "solver.csv", ["step", "name"])
+                for r in ("r1", "r2"))
+    assert two == one and len(one) == 2 * 3  # c_attn, c_fc and c_proj of the MLP in 2 layers
 
 
 def _tiny_run(tmp_path, assignment="hetero", **over):

@@ -112,10 +112,10 @@ class Optimizers:
         for o in self.all():
             o.zero_grad(set_to_none=True)
 
-    def step(self, inputs: bool = False) -> dict | None:
+    def step(self, inputs: bool = False, directions: dict | None = None) -> dict | None:
         """Both steps; with ``inputs``, returns what the Muon updates consumed,
-        ``{name: (manifold, W, U)}`` (:meth:`ManifoldMuon.step_with_inputs`; empty
-        without Muon matrices), else None. Non-finite values raise ``FloatingPointError`` where they first
+        ``{name: (manifold, W, U)}`` (:meth:`ManifoldMuon.step_with_inputs`, which also fills
+        ``directions`` with each one's step direction; empty without Muon matrices), else None. Non-finite values raise ``FloatingPointError`` where they first
         show: AdamW's gradients (checked before anything is written), Muon's gradients,
         momentum and weights (see :class:`ManifoldMuon`), and AdamW's new weights
         (NaN, Inf, or a squared norm that overflows: a weight decay factor
@@ -125,7 +125,7 @@ class Optimizers:
         consumed = {} if inputs else None
         if self.muon is not None:
             if inputs:
-                consumed = self.muon.step_with_inputs()
+                consumed = self.muon.step_with_inputs(directions)
             else:
                 self.muon.step()
         self.adamw.step()

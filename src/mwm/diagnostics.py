@@ -20,7 +20,8 @@ import torch
 
 from .assignments import module_kind
 
-__all__ = ["SPECTRAL_COLUMNS", "ATTENTION_COLUMNS", "spectral_stats", "attention_stats", "softmax_jacobian_fro"]
+__all__ = ["SPECTRAL_COLUMNS", "ATTENTION_COLUMNS", "spectral_stats", "attention_stats", "softmax_jacobian_fro",
+           "layer_of"]
 
 SPECTRAL_COLUMNS = [
     "step", "name", "layer", "module", "matrix", "manifold", "sigma_max", "sigma_min",
@@ -32,7 +33,7 @@ ATTENTION_COLUMNS = [
 ]
 
 
-def _layer_of(name: str) -> int:
+def layer_of(name: str) -> int:
     parts = name.split(".")
     for a, b in zip(parts, parts[1:]):
         if a == "h" and b.isdigit():
@@ -63,7 +64,7 @@ def spectral_stats(model: torch.nn.Module, assignment: dict[str, str], step: int
         kind = module_kind(name, p)
         if kind is None:
             continue
-        layer = _layer_of(name)
+        layer = layer_of(name)
         matrix = name.split(".")[-2]
         mats = [(matrix, p)]
         if matrix == "c_attn":

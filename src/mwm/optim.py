@@ -142,25 +142,28 @@ class ManifoldMuon(torch.optim.Optimizer):
         return loss
 
     @torch.no_grad()
-    def step_with_inputs(self) -> dict[str, tuple[str, torch.Tensor, torch.Tensor]]:
+    def step_with_inputs(self, directions: dict | None = None) -> dict[str, tuple[str, torch.Tensor, torch.Tensor]]:
         """:meth:`step`, returning what each update consumed: ``{name: (manifold, W, U)}``
         with ``W`` the weight before the step and ``U`` the update direction (the Nesterov
         momentum), both copies in the parameter's orientation and the optimizer's working
-        precision, for the matrices this rank computes (all of them unsharded)."""
+        precision, for the matrices this rank computes (all of them unsharded). With a dict
+        ``directions``, each such matrix's step direction ``A`` (the inner solve's, or ``msign(U)``
+        for plain Muon; ``W`` moves to ``retract(W - lr A)``) is added to it, oriented alike."""
         inputs: dict = {}
-        self._step(inputs)
+        self._step(inputs, directions)
         return inputs
 
-    def _step(self, inputs: dict | None) -> None:
+    def _step(self, inputs: dict | None, directions: dict | None = None) -> None:
         """The bookkeeping of a step: banks, momentum buffers, sharding and broadcasts,
         around :func:`momentum_direction` and :func:`muon_update` (the math). With a dict
-        ``inputs``, each computed matrix's ``(manifold, W, U)`` is added to it."""
+        ``inputs``, each computed matrix's ``(manifold, W, U)`` is added to it (and its step
+        direction to ``directions``)."""
         self._check_grads()
         pieces = self._pieces(self._plan())
         error = None
         for owner, entries in pieces:
             try:
-                self._update_bank(entries, compute=owner == self._rank, inputs=inputs)
+                self._update_bank(entries, compute=owner == self._rank, inputs=inputs, directions=directions)
             except FloatingPointError as exc:
                 if self._world == 1:
                     raise
@@ -257,7 +260,7 @@ class ManifoldMuon(torch.optim.Optimizer):
         return pieces
 
     def _update_bank(self, entries: list[tuple[dict, torch.Tensor]], compute: bool = True,
-                     inputs: dict | None = None) -> None:
+                     inputs: dict | None = None, directions: dict | None = None) -> None:
         group = entries[0][0]
         params = [p for _, p in entries]
         grads = _stack([_tall(_work(p.grad)) for p in params])
@@ -283,8 +286,12 @@ class ManifoldMuon(torch.optim.Optimizer):
         Lambda0 = None
         if group["manifold"] != "none" and group["warm_start"] and all("dual" in self.state[p] for p in params):
             Lambda0 = torch.stack([self.state[p]["dual"] for p in params]).to(W.dtype)
-        W, duals = muon_update(W, update_dir, group, manifolds, Lambda0,
-                               check=lambda X, what: self._check(entries, X, what))
+        W, duals, A = muon_update(W, update_dir, group, manifolds, Lambda0,
+                                  check=lambda X, what: self._check(entries, X, what))
+        if directions is not None:
+            for (g, p), a in zip(entries, A):
+                i = next(j for j, q in enumerate(g["params"]) if q is p)
+                directions[self._name(g, i)] = _unpad(a, p).clone()
         self._check(entries, W, "updated weight")
         for p, w in zip(params, W):
             p.copy_(_unpad(w, p).to(p.dtype))
@@ -312,20 +319,23 @@ def momentum_direction(grads: torch.Tensor, buf: torch.Tensor, mu: float, nester
 
 
 def muon_update(W: torch.Tensor, U: torch.Tensor, group: dict, manifolds: list[str],
-                Lambda0: torch.Tensor | None = None, check=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                Lambda0: torch.Tensor | None = None, check=None
+                ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """One (Manifold) Muon step of a bank ``W`` (tall, stacked; plain Muon updates it in
     place) along the update direction ``U``, with the settings of ``group`` (lr, weight
     decay, solver, msign, retraction) and each matrix's manifold in ``manifolds``.
-    Returns the new weights and, with ``group["warm_start"]``, the inner solver's final
-    multipliers (else None). ``check(X, what)`` may refuse an intermediate value (the
-    weight before the retraction, the multipliers) by raising."""
+    Returns the new weights, with ``group["warm_start"]`` the inner solver's final
+    multipliers (else None), and the step direction ``A`` (``W - lr A`` before the
+    retraction). ``check(X, what)`` may refuse an intermediate value (the weight before
+    the retraction, the multipliers) by raising."""
     lr = group["lr"]
     settings = SolverSettings.of_group(group)
     if group["manifold"] == "none":
         if group["weight_decay"]:
             W.mul_(1.0 - lr * group["weight_decay"])
-        W.add_(msign(U, steps=settings.msign_steps, precision=settings.precision), alpha=-lr)
-        return W, None
+        A = msign(U, steps=settings.msign_steps, precision=settings.precision)
+        W.add_(A, alpha=-lr)
+        return W, None, A
     kinds = sorted(set(manifolds))
     res = solve(W, U, kinds[0] if len(kinds) == 1 else manifolds, settings, Lambda0=Lambda0)
     pre = W - lr * res.A
@@ -343,10 +353,10 @@ def muon_update(W: torch.Tensor, U: torch.Tensor, group: dict, manifolds: list[s
     if cap is not None:  # a group of DGram attention weights under the intervention's cap (mwm.sweep)
         W = cap_column_norms(W, cap)
     if not settings.warm_start:
-        return W, None
+        return W, None, res.A
     if check is not None:
         check(res.Lambda, "inner-solver multiplier")
-    return W, res.Lambda
+    return W, res.Lambda, res.A
 
 
 @functools.lru_cache(maxsize=256)

@@ -26,7 +26,7 @@ RESULTS_ROOT = "results"
 HAND_FOLDER = "hand"
 
 #: The files every finished run has (what the workflow declares as outputs).
-RUN_FILES = ("summary.json", "metrics.csv", "eval.csv", "spectral.csv", "attention.csv")
+RUN_FILES = ("summary.json", "metrics.csv", "eval.csv", "spectral.csv", "attention.csv", "solver.csv")
 
 
 def assignment_spec(grid: dict, name: str):
@@ -219,7 +219,8 @@ def grid_variants(grid: dict) -> list[str]:
 # run-folder I/O: a run's logs, and their copy beside its checkpoint
 # --------------------------------------------------------------------------------------
 #: The append-only CSV logs of a run, as ``{key: file}`` (cut back to a checkpoint on resume).
-RUN_LOGS = {"metrics": "metrics.csv", "eval": "eval.csv", "spectral": "spectral.csv", "attention": "attention.csv"}
+RUN_LOGS = {"metrics": "metrics.csv", "eval": "eval.csv", "spectral": "spectral.csv", "attention": "attention.csv",
+            "solver": "solver.csv"}
 #: Folders of per-step arrays (``step_NNNNNN.npz``) a run writes.
 RUN_STEP_FOLDERS = ("spectra", "sequence")
 

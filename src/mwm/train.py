@@ -13,6 +13,8 @@ One run per call; its folder is ``results/runs/<config>/<variant>/seed<seed>/``
                               (``studies.solvers.source: grid``): (W, momentum direction) of
                   every Muon matrix at each step of the window, as ``pairs.npz``
 ``attention.csv`` per evaluation, layer and head, on a fixed probe batch
+``solver.csv``    per evaluation and Stiefel or DGram matrix, how well the inner solve did at the
+                  step after it, beside a converged solve of the same pair: see :mod:`mwm.quality`
 ``summary.json``  status (completed / unstable / failed), final and best val loss,
                   onset step, mean step time, optimizer share, parameter count,
                   config hash, code version
@@ -55,6 +57,7 @@ from .io import atomic_savez, atomic_torch_save, atomic_write_json
 from .launch import launch, ranks_per_run, worker_exit, worker_started
 from .model import GPT, SIZES, GPTConfig
 from .names import RETRACTIONS, parse_variant, uses_dgram, variant_name
+from .quality import QUALITY_COLUMNS, quality_rows
 from .owner import claim
 from .paths import check_out_root, inside
 from .runs import (HAND_FOLDER, RESULTS_ROOT, RunFolder, assignment_spec, capture_window, check_grid,
@@ -314,7 +317,7 @@ def set_matmul_precision(tc: dict, device: torch.device) -> None:
 
 
 LOG_COLUMNS = {"metrics": METRIC_COLUMNS, "eval": EVAL_COLUMNS, "spectral": SPECTRAL_COLUMNS,
-               "attention": ATTENTION_COLUMNS}
+               "attention": ATTENTION_COLUMNS, "solver": QUALITY_COLUMNS}
 
 
 # --------------------------------------------------------------------------------------
@@ -494,12 +497,17 @@ class Run:
         if tc["grad_clip"] > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc["grad_clip"])
         pair_paths = self.pairs.paths(it) if self.opts.muon is not None else []
+        # the step after each evaluation also measures its inner solves (solver.csv)
+        directions = {} if self.opts.muon is not None and it % tc["eval_interval"] == 0 else None
         t1 = time.perf_counter()
-        consumed = self.opts.step(inputs=bool(pair_paths) or inputs is not None)
+        consumed = self.opts.step(inputs=bool(pair_paths) or inputs is not None or directions is not None,
+                                  directions=directions)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         t2 = time.perf_counter()
         self.opts.zero_grad()
+        if directions is not None:
+            self.log_solver_quality(it, consumed, directions)
         if self.master:
             for path in pair_paths:
                 self.pairs.save(consumed, path, it)
@@ -511,6 +519,17 @@ class Run:
         if self.master:
             self.log_step(it, loss, lr, mlr, dt, opt_t)
         return loss
+
+    def log_solver_quality(self, it: int, consumed: dict, directions: dict) -> None:
+        """``solver.csv``'s rows of step ``it`` (:mod:`mwm.quality`): each rank measures the matrices it
+        computed, and rank 0 writes them all."""
+        rows = quality_rows(consumed, directions, it)
+        if self.world > 1:
+            gathered = [None] * self.world
+            torch.distributed.all_gather_object(gathered, rows)
+            rows = sorted((r for part in gathered for r in part), key=lambda r: r["name"])
+        if self.master:
+            self.logs["solver"].write(rows)
 
     def log_step(self, it: int, loss: float, lr: float, mlr: float, dt: float, opt_t: float) -> None:
         tc = self.tc

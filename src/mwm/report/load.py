@@ -29,6 +29,7 @@ class RunData:
     spectral: pd.DataFrame
     attention: pd.DataFrame
     metrics: pd.DataFrame
+    solver: pd.DataFrame
 
 
 def _read_csv(path: Path) -> pd.DataFrame:
@@ -54,7 +55,7 @@ def load_runs(cfg: dict, root: str | Path = "results") -> dict[tuple[str, int], 
                 raise ReportError(f"{d / 'summary.json'} is not valid JSON: {exc}") from exc
             runs[variant, seed] = RunData(
                 variant, seed, d, summary, _read_csv(d / "eval.csv"), _read_csv(d / "spectral.csv"),
-                _read_csv(d / "attention.csv"), _read_csv(d / "metrics.csv"),
+                _read_csv(d / "attention.csv"), _read_csv(d / "metrics.csv"), _read_csv(d / "solver.csv"),
             )
             check_backed(runs[variant, seed])
             problem = identity_problem(summary, expected_identity(cfg, variant, seed))
