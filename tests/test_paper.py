@@ -90,3 +90,47 @@ def test_intervention_and_tuned_order_rules():
     s = paper.claim("sweep.shared_rate")
     assert paper.judge(s, 2.0, caps=caps, seeds=3)[0] == "reproduced"
     assert paper.judge(s, 4.0, caps=caps, seeds=3)[0] == "not reproduced"
+
+
+def test_restore_rule_falls_either_way_and_needs_failures_to_restore():
+    caps = {"any", "mechanism"}
+    cap, control = paper.claim("mech.cap_restores"), paper.claim("mech.mlp_cap_control")
+    assert paper.judge(cap, (8, 10), caps=caps, seeds=6)[0] == "reproduced"
+    assert paper.judge(cap, (2, 10), caps=caps, seeds=6)[0] == "not reproduced"
+    assert paper.judge(cap, (5, 10), caps=caps, seeds=6)[0] == paper.UNRESOLVED
+    assert paper.judge(cap, (3, 3), caps=caps, seeds=6)[0] == paper.UNRESOLVED  # too few failed cells
+    # the negative control is judged the other way round on the same numbers
+    assert paper.judge(control, (2, 10), caps=caps, seeds=6)[0] == "reproduced"
+    assert paper.judge(control, (8, 10), caps=caps, seeds=6)[0] == "not reproduced"
+    assert paper.judge(cap, (8, 10), caps=caps, seeds=3)[0] == paper.TOO_FEW
+    assert paper.judge(cap, (8, 10), caps={"any"}, seeds=6)[0] == paper.NC
+
+
+def test_cause_rule_gives_every_verdict():
+    caps = {"any", "mechanism"}
+    c = paper.claim("mech.cause")
+
+    def v(cap, normalized, control):
+        return paper.judge(c, {"cap": cap, "normalized": normalized, "mlp_control": control}, caps=caps, seeds=6)[0]
+
+    assert v(True, False, True) == "saturation supported"
+    assert v(True, True, False) == "solver supported"  # the MLP cap restores too: not attention-specific
+    assert v(False, True, True) == "solver supported"
+    assert v(True, True, True) == "both supported"
+    assert v(False, False, True) == "neither supported"
+    assert v(True, False, False) == "neither supported"
+    assert v(None, True, True) == paper.UNRESOLVED
+    assert v(True, None, True) == paper.UNRESOLVED
+    assert v(True, False, None) == paper.UNRESOLVED
+    assert v(False, False, None) == "neither supported"  # the control does not matter without the cap
+    assert set(paper.CAUSE_VERDICTS) <= set(paper.VERDICTS)
+
+
+def test_mechanism_failure_margin_is_the_divergence_rules_threshold():
+    from mwm.config import defaults
+
+    assert paper.FAIL_MARGIN == defaults("train")["divergence"]["threshold"]
+    c = paper.claim("mech.fails")
+    caps = {"any", "mechanism"}
+    assert paper.judge(c, 0.75, caps=caps, seeds=6)[0] == "reproduced"
+    assert paper.judge(c, 0.25, caps=caps, seeds=6)[0] == "not reproduced"

@@ -22,10 +22,17 @@ result falls:
    assignments: reproduced iff every edge of the first group is below every edge of
    the second, "not reproduced" iff every one is above, else "not resolved"),
    ``test`` (an experiment's outcome: reproduced iff it came out as claimed, else
-   "not reproduced").
+   "not reproduced"), ``restore`` (an intervention's share of the failed runs it
+   restores, against :data:`RESTORE_SHARE`), ``cause`` (the mechanism experiment's
+   verdict from its contrasts: one of :data:`CAUSE_VERDICTS`).
 
 Rows beyond the paper (``sweep.*``) answer its stated limitations: one learning rate
 for every assignment, and no test of the mechanism; rebuilt by ``config/sweep.yaml``.
+The ``mech.*`` rows are the pre-registered causal experiment of ``config/mechanism.yaml``:
+does DGram attention fail through softmax saturation (removed by capping attention's
+singular values) or through an inner solve that loses the momentum as DGram weights grow
+(removed by the scale-normalized solve)? Their rules, thresholds and the experiment's
+arms were committed before its first run.
 
 Sections: 2 "Scaling the dual ascent to 768x768", 3 "Retraction absorbs dual ascent
 error", 4 "Experiments: five manifold assignments on GPT-2", 5 "Attention wants
@@ -43,12 +50,15 @@ from typing import Any, Mapping, Sequence
 __all__ = ["VERDICTS", "NC", "TOO_FEW", "Rule", "Claim", "CLAIMS", "claim", "judge", "alpha_numbers",
            "paper_fit_alpha", "paper_fit_label", "GELU_BOUND", "ALPHA_FIT", "LOSSES", "LOSS_ORDER", "ONSETS",
            "STABLE_UNTIL", "COSTS", "SIGMA_STEPS", "ABSORB_EA", "ABSORB_EW_MAX", "UNRESOLVED", "DGRAM_ATTENTION",
-           "STIEFEL_ATTENTION", "SHARED_RATE_FACTOR"]
+           "STIEFEL_ATTENTION", "SHARED_RATE_FACTOR", "FAIL_MARGIN", "RESTORE_SHARE", "MIN_FAILED_CELLS", "FAIL_SHARE",
+           "CAUSE_VERDICTS"]
 
 NC = "not comparable at this scale"
 TOO_FEW = "too few seeds"
 UNRESOLVED = "not resolved"
-VERDICTS = ("reproduced", "not reproduced", TOO_FEW, NC, "contradicted by an audit", UNRESOLVED)
+#: The mechanism experiment's verdicts (rule kind ``cause``), besides "not resolved".
+CAUSE_VERDICTS = ("saturation supported", "solver supported", "both supported", "neither supported")
+VERDICTS = ("reproduced", "not reproduced", TOO_FEW, NC, "contradicted by an audit", UNRESOLVED, *CAUSE_VERDICTS)
 
 #: Section 2: alpha_opt(n) ~ 0.003 n^0.67 over n >= 32, r^2 = 0.74.
 ALPHA_FIT = {"prefactor": 0.003, "exponent": 0.67, "r2": 0.74, "min_n": 32}
@@ -76,6 +86,19 @@ DGRAM_ATTENTION = ("dgram", "hetero-inv")
 STIEFEL_ATTENTION = ("stiefel", "hetero")
 #: Beyond the paper: how far (a factor) the shared rate may be from an assignment's best.
 SHARED_RATE_FACTOR = 2.0
+#: The mechanism experiment (fixed before its first run). A run failed to train iff it did not complete
+#: (the divergence rule) or its final val loss exceeds that of the worse Stiefel-attention reference
+#: (All Stiefel, Hetero) at the same step size and seed by more than FAIL_MARGIN nats (the divergence
+#: rule's default threshold, the schema's train.divergence.threshold).
+FAIL_MARGIN = 0.5
+#: An intervention restores training iff it trains in at least RESTORE_SHARE[1] of the (baseline, rate, seed)
+#: cells where the plain arm failed, and does not iff in at most RESTORE_SHARE[0]; between: not resolved.
+RESTORE_SHARE = (1 / 3, 2 / 3)
+#: Fewer failed cells than this leave an intervention's contrast "not resolved" (nothing to restore).
+MIN_FAILED_CELLS = 4
+#: mech.fails: at the experiment's largest step size, at least this share of the plain DGram-attention
+#: runs must fail for "reproduced".
+FAIL_SHARE = 0.5
 
 
 def paper_fit_alpha(n: float) -> float:
@@ -90,7 +113,7 @@ def paper_fit_label() -> str:
 
 @dataclass(frozen=True)
 class Rule:
-    kind: str  # window | audit | order
+    kind: str  # window | audit | order | edge | test | restore | cause
     lo: float | None = None
     hi: float | None = None
     min_seeds: int = 1
@@ -132,6 +155,7 @@ _A = "config/paper.yaml (studies: n = 16..1024)"
 _P = "config/paper.yaml (GPT-2 small, OpenWebText, 50k steps)"
 _L = "config/long.yaml (or paper scale)"
 _S = "config/sweep.yaml (a learning-rate sweep, >= 3 seeds)"
+_M = "config/mechanism.yaml (the pre-registered causal experiment, >= 6 seeds)"
 _ABS = "config/config.yaml or paper.yaml (the paper's absorption protocol: 200 reference iterations, T = 20, T = 5 vs 100)"
 
 CLAIMS: tuple[Claim, ...] = (
@@ -295,6 +319,40 @@ CLAIMS: tuple[Claim, ...] = (
           Rule("test", min_seeds=3, needs="sweep", text="at the smallest rate where the uncapped baseline has "
                "an unstable seed, reproduced iff every seed of the capped candidate is stable; no such rate: "
                "not comparable (nothing to intervene on)"), _S),
+    # --- beyond the paper: softmax saturation or the inner solver? (config/mechanism.yaml) ------------------
+    Claim("mech.fails", "DGram on attention fails to train at large step sizes where Stiefel attention trains "
+          "(the sweep's finding, fresh seeds): share of All DGram and Hetero-inv runs failed at the largest rate",
+          "4, 6", "DGram attention unstable",
+          Rule("window", FAIL_SHARE, 1.0, min_seeds=6, needs="mechanism",
+               text=f"failed: not completed, or final val loss > the worse of All Stiefel / Hetero at the same rate "
+                    f"and seed + {FAIL_MARGIN:g} nats; reproduced iff >= {FAIL_SHARE:g} of the plain DGram-attention "
+                    "runs fail at the largest rate"), _M, FAIL_SHARE),
+    Claim("mech.cap_restores", "capping DGram attention's singular values (off(W^T W) = 0 kept) restores training",
+          "6 (mechanism)", "(implied by Section 6)",
+          Rule("restore", min_seeds=6, needs="mechanism",
+               text=f"over the cells (baseline, rate, seed) where plain All DGram / Hetero-inv failed: reproduced iff "
+                    f"the capped twin trains in >= {RESTORE_SHARE[1]:.2g} of them, not reproduced iff in <= "
+                    f"{RESTORE_SHARE[0]:.2g}, else not resolved (also with < {MIN_FAILED_CELLS} failed cells)"),
+          _M, True),
+    Claim("mech.normalized_restores", "solving the inner problem scale-normalized (W / sigma_max) restores training",
+          "6 (mechanism)", "(an alternative the paper does not test)",
+          Rule("restore", min_seeds=6, needs="mechanism",
+               text="as mech.cap_restores, for the twin with the scale-normalized inner solve on every matrix"),
+          _M, True),
+    Claim("mech.mlp_cap_control", "negative control: capping the DGram MLP's singular values does not restore All "
+          "DGram", "5 (MLPs tolerate DGram)", "(implied by Section 5)",
+          Rule("restore", min_seeds=6, needs="mechanism",
+               text=f"over the cells where plain All DGram failed: reproduced iff the MLP-capped twin trains in <= "
+                    f"{RESTORE_SHARE[0]:.2g} of them, not reproduced iff in >= {RESTORE_SHARE[1]:.2g}, else not "
+                    "resolved"),
+          _M, False),
+    Claim("mech.cause", "why DGram attention fails: softmax saturation (the paper) or the inner solve", "6",
+          "softmax saturation",
+          Rule("cause", min_seeds=6, needs="mechanism",
+               text="saturation: the attention cap restores and the MLP cap does not; solver: the normalized solve "
+                    "restores; saturation supported / solver supported / both supported / neither supported as they "
+                    "combine; not resolved when any of the three contrasts is"),
+          _M),
 )
 
 _BY_ID = {c.id: c for c in CLAIMS}
@@ -334,7 +392,9 @@ def judge(c: Claim, x: Any, *, caps: Sequence[str] = ("any",), seeds: int | None
     ``caps``: what the config provides (``any``, ``long``, ``paper``, ``n=64`` ...).
     ``x``: a number for ``window``; a bool (the statement holds) for ``audit``; for
     ``order`` a mapping ``{condition: [final loss per seed]}``; for ``edge`` a mapping
-    ``{assignment: edge rank}``; for ``test`` a bool (the experiment came out as claimed).
+    ``{assignment: edge rank}``; for ``test`` a bool (the experiment came out as claimed); for
+    ``restore`` ``(restored, failed)`` cell counts; for ``cause`` the contrasts as :func:`_judge_cause`
+    takes them.
     ``reason`` explains a missing value.
     """
     r = c.rule
@@ -358,7 +418,42 @@ def judge(c: Claim, x: Any, *, caps: Sequence[str] = ("any",), seeds: int | None
     if r.kind == "test":
         return ("reproduced" if bool(x) else "not reproduced"), \
             ("came out as claimed" if bool(x) else "came out against the claim")
+    if r.kind == "restore":
+        return _judge_restore(c, x)
+    if r.kind == "cause":
+        return _judge_cause(x)
     raise ValueError(f"claim {c.id}: unknown rule kind {r.kind!r}")
+
+
+def _judge_restore(c: Claim, x: tuple[int, int]) -> tuple[str, str]:
+    """``x``: (cells the intervention restored, cells where the plain arm failed); ``c.value``: whether the
+    claim is that it restores (True) or that it does not (False)."""
+    restored, failed = x
+    if failed < MIN_FAILED_CELLS:
+        return UNRESOLVED, f"the plain arm failed in {failed} cell(s), fewer than {MIN_FAILED_CELLS}: nothing to restore"
+    share = restored / failed
+    lo, hi = RESTORE_SHARE
+    shown = f"trains in {restored} of {failed} failed cells ({share:.0%})"
+    if lo < share < hi:
+        return UNRESOLVED, shown + f", between {lo:.0%} and {hi:.0%}"
+    restores = share >= hi
+    return ("reproduced" if restores == bool(c.value) else "not reproduced"), \
+        shown + (": restores" if restores else ": does not restore")
+
+
+def _judge_cause(x: Mapping[str, bool | None]) -> tuple[str, str]:
+    """``x``: each contrast as it came out relative to its own claim (True: as claimed, None: not resolved):
+    ``cap`` (the attention cap restores), ``normalized`` (the normalized solve restores), ``mlp_control``
+    (the MLP cap does not restore)."""
+    shown = ", ".join(f"{k} {'as claimed' if v else 'not resolved' if v is None else 'against its claim'}"
+                      for k, v in x.items())
+    cap, normalized, control = x.get("cap"), x.get("normalized"), x.get("mlp_control")
+    if cap is None or normalized is None or (cap and control is None):
+        return UNRESOLVED, shown
+    saturation = bool(cap and control)
+    verdict = {(True, False): "saturation supported", (False, True): "solver supported",
+               (True, True): "both supported", (False, False): "neither supported"}[saturation, bool(normalized)]
+    return verdict, shown
 
 
 def _judge_order(c: Claim, losses: Mapping[str, Sequence[float]]) -> tuple[str, str]:
