@@ -13,7 +13,7 @@ from mwm.launch import ranks_per_run
 from mwm.names import UNCONSTRAINED, parse_variant
 from mwm.owner import check_owner, claim
 from mwm.paths import inside
-from mwm.runs import RESULTS_ROOT, RUN_FILES, capture_window, check_grid, grid_variants, run_config
+from mwm.runs import RESULTS_ROOT, RUN_FILES, capture_variants, capture_window, check_grid, grid_variants, run_config
 from mwm import stages
 from mwm.setaside import RETRAIN_FOLDER, SET_ASIDE_RULE, foreign_problem, foreign_root, next_marker, retrain_markers
 
@@ -191,7 +191,7 @@ def solver_sequences(wildcards):
     sec = CFG["studies"]["solvers"]
     if sec["source"] != "grid":
         return []
-    return [f"{RUNS}/{a}/seed{sec['seed']}/{f}" for a in sec["assignments"]
+    return [f"{RUNS}/{v}/seed{sec['seed']}/{f}" for v in capture_variants(CFG)
             for f in ("sequence", "summary.json", "metrics.csv")]
 
 

@@ -2,12 +2,16 @@
 # ledger are flagged for Snakemake's HTML report (snakemake --report paper_figures/<name>/report.html),
 # captioned by report/item.rst. A config whose workflow.report is "solvers" (config/widths.yaml)
 # reports the solver study alone, so its `all` trains nothing beyond the study's captures; one whose
-# workflow.report is "sweep" (config/sweep.yaml) reports its learning-rate sweep from its runs alone.
+# workflow.report is "sweep" (config/sweep.yaml) reports its learning-rate sweep from its runs alone; one
+# whose workflow.report is "mechanism" (config/mechanism.yaml) its causal experiment from its runs and
+# the solver study on pairs one of them captured.
 
 if CFG["workflow"]["report"] == "solvers":
     REPORT_INPUTS = study_outputs("solvers")
 elif CFG["workflow"]["report"] == "sweep":  # a learning-rate sweep (config/sweep.yaml): its runs alone
     REPORT_INPUTS = all_runs()
+elif CFG["workflow"]["report"] == "mechanism":  # the causal experiment (config/mechanism.yaml)
+    REPORT_INPUTS = [*all_runs(), *study_outputs("solvers")]
 else:
     REPORT_INPUTS = [*all_runs(), *study_outputs(*stages.STUDIES)]
 

@@ -5,7 +5,9 @@ block_size failed only inside a train job, after the data and the studies had ru
 
 from __future__ import annotations
 
+import copy
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +16,8 @@ import fakedata
 from mwm.checks import check_config, check_splits, min_split_tokens
 from mwm.config import ConfigError, load_config
 from fakedata import HAS_SNAKEMAKE, repo_copy, snakemake_in
+
+ROOT = Path(__file__).resolve().parents[1]
 
 needs_snakemake = pytest.mark.skipif(not HAS_SNAKEMAKE, reason="snakemake not installed")
 
@@ -123,3 +127,18 @@ def test_a_solver_study_reading_the_grid_needs_its_runs_and_window_in_the_grid(t
     own = cfg(seed=5)
     own["studies"]["solvers"]["source"] = "own"  # the study trains its own captures: nothing to check
     check_config(own)
+
+
+def test_a_sweep_solver_study_captures_the_variant_at_its_rate(tmp_path):
+    from mwm.runs import capture_variants, capture_window
+
+    cfg = load_config(ROOT / "config" / "mechanism.yaml")
+    check_config(cfg, "config/mechanism.yaml")
+    assert capture_variants(cfg) == ["dgram-eta5.12"]
+    assert capture_window(cfg, "dgram-eta5.12", 10) == {"start": 150, "length": 5}
+    assert capture_window(cfg, "dgram-eta2.56", 10) is None and capture_window(cfg, "dgram-eta5.12", 11) is None
+    for rate, match in ((1.0, "a rate of grid.sweep.muon_lr"), (None, "need studies.solvers.rate")):
+        bad = copy.deepcopy(cfg)
+        bad["studies"]["solvers"]["rate"] = rate
+        with pytest.raises(ConfigError, match=match):
+            check_config(bad, "config/mechanism.yaml")

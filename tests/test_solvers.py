@@ -225,7 +225,7 @@ def test_capture_sequence_and_solver_study(fake_data, tmp_path):
                                  "studies.solvers.reference_iterations=30", "studies.solvers.baseline_steps=30", "studies.solvers.converged_iterations=10",
                                  "studies.solvers.dual_ascent_steps=[5]", "studies.solvers.warm_steps=[3]",
                                  "studies.solvers.tols=[0.001]", "studies.solvers.admm_steps=[3]",
-                                 "studies.solvers.admm_rho=[1.0]", "studies.device=cpu"])
+                                 "studies.solvers.admm_rho=[1.0]", "studies.device=cpu", "studies.solvers.normalized=true"])
     derived = run_solvers(cfg, tmp_path / "study", log=lambda *a: None)
     from mwm.stages import STAGES
 
@@ -244,6 +244,12 @@ def test_capture_sequence_and_solver_study(fake_data, tmp_path):
         assert float(by["da-cold-T5", man]["msign_ratio"]) == pytest.approx(5 / 30)
         assert float(by["admm-cold-T3-rho1", man]["msign_eq"]) == 6.0
         assert derived["by_manifold"][man]["baseline_msign_eq"] == 30.0
+        for cand in ("da-cold-T30", "admm-cold-T3-rho1"):  # every candidate has its normalized twin
+            plain, norm = by[cand, man], by[cand + "-norm", man]
+            assert norm["normalize"] == "true" and plain["normalize"] == "false"
+            assert 0 < float(plain["align_conv"]) <= 1 + 1e-6 and -1 <= float(plain["align"]) <= 1 + 1e-6
+            if man == "stiefel":  # scale 1: the normalized solve is the plain one, bit for bit
+                assert plain["e_A_conv"] == norm["e_A_conv"] and plain["align"] == norm["align"]
     # the report draws the Pareto figure and the table from these files
     import json
 
@@ -269,7 +275,8 @@ def test_capture_sequence_and_solver_study(fake_data, tmp_path):
     cfg["workflow"]["report"] = "solvers"
     out = build(cfg, results, tmp_path / "solvers_only")
     assert sorted(p.name for p in out.iterdir()) == [
-        "fig_solvers_pareto.pdf", "fig_solvers_pareto.png", "table_solvers.csv", "table_solvers.md", "table_solvers.tex"]
+        "fig_solvers_pareto.pdf", "fig_solvers_pareto.png", "table_solvers.csv", "table_solvers.md", "table_solvers.tex",
+        "table_solvers_alignment.csv", "table_solvers_alignment.md", "table_solvers_alignment.tex"]
     assert (out / "table_solvers.csv").read_text() == (tmp_path / "pf" / "table_solvers.csv").read_text()
     (results / "studies" / cfg["name"] / "solvers_derived.json").unlink()
     with pytest.raises(ReportError, match="solvers_derived.json"):

@@ -1,4 +1,4 @@
-"""What a config alone can tell about its runs, checked before any job (issue 24, item 3).
+"""What a config alone can tell about its runs, checked before any job.
 
 :func:`check_config` applies the model's shape rules and maps every ``grid.custom``
 pattern onto the model's hidden-matrix names (:mod:`mwm.layout`: torch-free, no data):
@@ -57,22 +57,30 @@ def check_config(cfg: dict, source: str | None = None) -> None:
 def _check_grid_capture(cfg: dict, where: str) -> None:
     """``studies.solvers.source: grid``: the captured runs are in the grid, and their window
     lies inside each one's training (``max_iters`` with its grid.train_overrides)."""
-    from .runs import run_config
+    from .runs import capture_variants, grid_variants, run_config
 
     sec = cfg["studies"]["solvers"]
+    grid = cfg["grid"]
+    rate = sec.get("rate")
+    if rate is not None and (sec["source"] != "grid" or not grid.get("sweep") or not any(
+            abs(float(r) - float(rate)) <= 1e-12 * float(rate) for r in grid["sweep"]["muon_lr"])):
+        raise ConfigError(f"{where}: studies.solvers.rate: {rate} needs studies.solvers.source: grid and a rate of "
+                          f"grid.sweep.muon_lr ({(grid.get('sweep') or {}).get('muon_lr')})")
     if sec["source"] != "grid":
         return
-    grid = cfg["grid"]
-    missing = [a for a in sec["assignments"] if a not in grid["assignments"]]
+    variants = grid_variants(grid)
+    missing = [v for v in capture_variants(cfg) if v not in variants]
     if missing:
         raise ConfigError(f"{where}: studies.solvers.assignments: {missing} not in grid.assignments "
-                          f"({', '.join(grid['assignments'])}); with studies.solvers.source: grid the grid's runs "
-                          "capture the sequences")
+                          f"({', '.join(grid['assignments'])})"
+                          + (f" at studies.solvers.rate {rate:g}" if rate is not None else
+                             "; a sweep's runs need studies.solvers.rate" if grid.get("sweep") else "")
+                          + "; with studies.solvers.source: grid the grid's runs capture the sequences")
     if sec["seed"] not in grid["seeds"]:
         raise ConfigError(f"{where}: studies.solvers.seed: {sec['seed']} not in grid.seeds {grid['seeds']} "
                           "(studies.solvers.source: grid)")
     stop = sec["capture_start"] + sec["capture_length"]
-    for a in sec["assignments"]:
+    for a in capture_variants(cfg):
         tc = run_config(cfg, a)["train"]
         if tc["capture_sequence"] is not None:
             raise ConfigError(f"{where}: train.capture_sequence: {tc['capture_sequence']} and studies.solvers.source: "

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .names import COLNORM_SUFFIX, NAMED_ASSIGNMENTS, is_colnorm, uses_dgram, variant_name
 
-__all__ = ["RUN_FILES", "capture_window", "run_dir", "checkpoint_dir", "grid_variants", "assignment_spec", "check_grid",
+__all__ = ["RUN_FILES", "capture_variants", "capture_window", "run_dir", "checkpoint_dir", "grid_variants", "assignment_spec", "check_grid",
            "run_config", "run_identity", "config_run_identity", "expected_identity", "identity_diff",
            "identity_problem", "identity_checkable", "RESULTS_ROOT", "HAND_FOLDER"]
 
@@ -106,13 +106,23 @@ def run_config(cfg: dict, assignment: str) -> dict:
         raise ConfigError(str(exc).replace("  train.", f"  grid.train_overrides.{assignment} -> train.")) from exc
 
 
+def capture_variants(cfg: dict) -> list[str]:
+    """The grid variants whose runs capture the solver study's sequences (``studies.solvers.source:
+    grid``): each of ``studies.solvers.assignments``, at ``studies.solvers.rate`` in a sweep."""
+    from .sweep import sweep_variant
+
+    sec = cfg["studies"]["solvers"]
+    rate = sec.get("rate")
+    return [a if rate is None else sweep_variant(a, rate) for a in sec["assignments"]]
+
+
 def capture_window(cfg: dict, variant: str, seed: int) -> dict | None:
     """The steps the grid's run of ``variant`` and ``seed`` captures for the solver study
     (``studies.solvers.source: grid``): ``{"start", "length"}``, or None for a run that
     captures nothing. Capturing copies what the optimizer consumed; it changes no number of
     the run, so it is not part of the run's identity (the train rule's params carry it)."""
     sec = cfg["studies"]["solvers"]
-    if sec["source"] != "grid" or int(seed) != sec["seed"] or variant not in sec["assignments"]:
+    if sec["source"] != "grid" or int(seed) != sec["seed"] or variant not in capture_variants(cfg):
         return None
     return {"start": sec["capture_start"], "length": sec["capture_length"]}
 

@@ -44,7 +44,7 @@ class Stage:
 
 #: The keys of the solver study that choose which grid runs capture which steps: training reads them
 #: (``studies.solvers.source: grid``) as DVC's dotted keys, so other study settings rerun no training.
-_CAPTURE_KEYS = tuple(f"studies.solvers.{k}" for k in ("source", "assignments", "seed", "capture_start",
+_CAPTURE_KEYS = tuple(f"studies.solvers.{k}" for k in ("source", "assignments", "seed", "rate", "capture_start",
                                                          "capture_length"))
 
 STAGES: dict[str, Stage] = {

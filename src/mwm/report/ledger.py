@@ -59,7 +59,7 @@ def capabilities(cfg: dict) -> set[str]:
             and ab.get("alpha") == 0.1 and list(ab.get("flatness_T") or []) == [5, 100]):
         caps.add("absorption-protocol")
     if (cfg.get("grid") or {}).get("sweep"):
-        caps.add("sweep")
+        caps.add("sweep" if cfg["workflow"]["report"] == "sweep" else cfg["workflow"]["report"])
     precs = list(st.get("precisions") or [])
     if precs[:1] == ["bfloat16"] and "float32" in precs[1:]:
         caps.add("control")

@@ -286,6 +286,22 @@ def fig_solvers(st: dict, out: Path) -> None:
     rows.extend(_not_captured_rows(missing))
     write_table(pd.DataFrame(rows, columns=_SOLVER_TABLE_COLUMNS), out, "table_solvers",
                 "Inner solvers on in-training sequences: the cheapest one matching the paper's e_W")
+    table_solvers_alignment(df, out)
+
+
+def table_solvers_alignment(df: pd.DataFrame, out: Path) -> None:
+    """Each candidate's alignment with the momentum beside the converged solve's, plain and normalized
+    side by side (a candidate's ``-norm`` twin: solved on W / sigma_max)."""
+    if "align" not in df:
+        return
+    d = df.sort_values(["manifold", "normalize", "msign_eq", "candidate"])
+    rows = [{"manifold": r.manifold, "candidate": r.candidate, "normalized": bool(r.normalize),
+             "msign-eq": f"{r.msign_eq:.0f}", "alignment": f"{r.align:.3f}", "converged": f"{r.align_conv:.3f}",
+             "e_A vs converged": f"{r.e_A_conv:.3g}"} for r in d.itertuples()]
+    write_table(pd.DataFrame(rows), out, "table_solvers_alignment",
+                "Inner solvers on in-training sequences: each update's alignment with the momentum, "
+                "tr(G^T A) / ||G||_* (matrix mean), beside a converged solve's (scale-normalized ADMM), and its "
+                "distance from that solve; -norm: the same solver on W / sigma_max")
 
 
 def solver_study_report(st: dict, out: Path) -> None:

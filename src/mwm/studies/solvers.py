@@ -18,8 +18,12 @@ run's Muon learning rate at that step:
 ``e_A``  ``||A - A_ref||_F / ||A_ref||_F``
 
 A second reference, ``e_W_conv`` / ``e_A_conv``, is a long ADMM run
-(``converged_iterations``); the derived JSON gives both references' final
-``||P(W^T A + A^T W)||_RMS``. On training momentum (``||G||_RMS ~ 1e-3``) the cold
+(``converged_iterations``) solved scale-normalized (on ``W / sigma_max``,
+:func:`mwm.solvers.scaled_solve`; the plain ADMM loses its way on large DGram weights); the
+derived JSON gives both references' final ``||P(W^T A + A^T W)||_RMS``. ``align`` is each
+candidate's alignment with the momentum, ``tr(G^T A) / ||G||_*`` (matrix mean), ``align_conv``
+the converged reference's: what the constraint allows. With ``normalized: true`` every
+candidate also runs scale-normalized, as ``<candidate>-norm``. On training momentum (``||G||_RMS ~ 1e-3``) the cold
 dual ascent at alpha 0.1 is far from converged after 200 iterations (its step
 ``alpha H`` is absolute while the multiplier scales with ``G``), so the issue's
 reference measures closeness to the paper's own trajectory, the converged one
@@ -58,7 +62,7 @@ import torch
 
 from ..config import ConfigError
 from ..io import read_csv_rows
-from ..runs import RESULTS_ROOT, run_dir
+from ..runs import RESULTS_ROOT, capture_variants, run_dir
 from ..manifolds import get_manifold
 from ..solvers import SolverSettings, msign_per_iteration, solve
 from .absorption import _rel, load_pairs
@@ -71,7 +75,7 @@ FILES = STAGES["solvers"]
 __all__ = ["candidates", "parse_candidate", "capture_sequences", "read_captures", "load_sequence", "measure_sequence", "run_solvers", "main"]
 
 COLUMNS = ["candidate", "solver", "warm", "steps", "tol", "rho", "manifold", "step", "matrices", "e_W", "e_A",
-           "e_W_max", "iterations", "msign_eq", "wall_s", "e_W_conv", "e_A_conv"]
+           "e_W_max", "iterations", "msign_eq", "wall_s", "e_W_conv", "e_A_conv", "normalize", "align", "align_conv"]
 
 
 def candidates(sec: dict) -> list[dict]:
@@ -89,11 +93,14 @@ def candidates(sec: dict) -> list[dict]:
             out.append(dict(solver="admm", warm=True, steps=T, tol=None, rho=rho))
         for tol in sec["tols"]:
             out.append(dict(solver="admm", warm=True, steps=max(sec["admm_steps"]), tol=tol, rho=rho))
+    out = [dict(c, normalize=False) for c in out]
+    if sec.get("normalized"):
+        out += [dict(c, normalize=True) for c in out]
     seen, unique = set(), []
     for c in out:
         c["name"] = (f"{'da' if c['solver'] == 'dual_ascent' else 'admm'}-{'warm' if c['warm'] else 'cold'}"
                      f"-T{c['steps']}" + (f"-tol{c['tol']:g}" if c["tol"] is not None else "")
-                     + (f"-rho{c['rho']:g}" if c["rho"] is not None else ""))
+                     + (f"-rho{c['rho']:g}" if c["rho"] is not None else "") + ("-norm" if c["normalize"] else ""))
         if c["name"] not in seen:
             seen.add(c["name"])
             unique.append(c)
@@ -101,15 +108,18 @@ def candidates(sec: dict) -> list[dict]:
 
 
 def parse_candidate(name: str) -> dict:
-    """A candidate from its name (``da-warm-T5``, ``admm-cold-T3-rho1``, ``da-warm-T20-tol0.001``)."""
+    """A candidate from its name (``da-warm-T5``, ``admm-cold-T3-rho1``, ``da-warm-T20-tol0.001``,
+    ``da-cold-T20-norm``)."""
     parts = name.split("-")
     try:
         if parts[0] not in ("da", "admm") or parts[1] not in ("warm", "cold") or not parts[2].startswith("T"):
             raise ValueError
         c = dict(name=name, solver="dual_ascent" if parts[0] == "da" else "admm", warm=parts[1] == "warm",
-                 steps=int(parts[2][1:]), tol=None, rho=None)
+                 steps=int(parts[2][1:]), tol=None, rho=None, normalize=False)
         for extra in parts[3:]:
-            if extra.startswith("tol"):
+            if extra == "norm":
+                c["normalize"] = True
+            elif extra.startswith("tol"):
                 c["tol"] = float(extra[3:])
             elif extra.startswith("rho"):
                 c["rho"] = float(extra[3:])
@@ -117,7 +127,7 @@ def parse_candidate(name: str) -> dict:
                 raise ValueError
     except (ValueError, IndexError):
         raise ValueError(f"bad solver candidate name {name!r}; expected e.g. da-warm-T5, admm-cold-T3-rho1, "
-                         "da-warm-T20-tol0.001") from None
+                         "da-warm-T20-tol0.001, da-cold-T20-norm") from None
     if c["solver"] == "admm" and c["rho"] is None:
         c["rho"] = 1.0
     return c
@@ -241,9 +251,10 @@ def measure_sequence(seq: list[dict], cands: list[dict], sec: dict, retraction: 
     warm: dict[tuple, torch.Tensor] = {}
     ref_viol = reference_violations if reference_violations is not None else []
     reference = SolverSettings.defaults(alpha=sec["alpha"], steps=sec["reference_iterations"])
-    converged = SolverSettings.defaults(solver="admm", rho=1.0, steps=sec["converged_iterations"])
+    converged = SolverSettings.defaults(solver="admm", rho=1.0, steps=sec["converged_iterations"], normalize=True)
     settings = {c["name"]: SolverSettings.defaults(solver=c["solver"], alpha=sec["alpha"], rho=c["rho"] or 1.0,
-                                                   steps=c["steps"], tol=c["tol"]) for c in cands}
+                                                   steps=c["steps"], tol=c["tol"], normalize=c.get("normalize", False))
+                for c in cands}
     for k, entry in enumerate(seq):
         eta = entry["eta"]
         for (man, m, n), bank in _banks(entry["pairs"]).items():
@@ -257,6 +268,8 @@ def measure_sequence(seq: list[dict], cands: list[dict], sec: dict, retraction: 
             conv = conv_run.A
             W_conv = mf.retract(W - eta * conv)
             ref_viol.append((man, float(ref_run.violations[-1].max()), float(conv_run.violations[-1].max())))
+            nuc = torch.linalg.matrix_norm(G, "nuc").clamp_min(1e-30)
+            align_conv = ((G * conv).sum(dim=(-2, -1)) / nuc).cpu()
             key_bank = (man, m, n, tuple(p["name"] for p in bank))
             for c in cands:
                 L0 = warm.get((c["name"], key_bank)) if c["warm"] else None
@@ -274,9 +287,10 @@ def measure_sequence(seq: list[dict], cands: list[dict], sec: dict, retraction: 
                 e_A = _rel(res.A - ref, ref).cpu()
                 e_W_conv = _rel(W_new - W_conv, W_conv).cpu()
                 e_A_conv = _rel(res.A - conv, conv).cpu()
+                align = ((G * res.A).sum(dim=(-2, -1)) / nuc).cpu()
                 rows.append([c["name"], c["solver"], c["warm"], c["steps"], c["tol"], c["rho"], man, entry["step"],
                              len(bank), e_W, e_A, res.iterations * msign_per_iteration(c["solver"]), wall,
-                             e_W_conv, e_A_conv])
+                             e_W_conv, e_A_conv, c.get("normalize", False), align, align_conv])
         if k % 10 == 0:
             log(f"solvers: step {entry['step']} ({k + 1}/{len(seq)})")
     # one row per candidate, manifold and step: means over the step's banks (weighted by matrices)
@@ -284,7 +298,7 @@ def measure_sequence(seq: list[dict], cands: list[dict], sec: dict, retraction: 
     for r in rows:
         key = (r[0], r[6], r[7])
         if key not in merged:
-            merged[key] = r[:8] + [0, [], [], [], 0.0, [], []]
+            merged[key] = r[:8] + [0, [], [], [], 0.0, [], [], r[15], [], []]
         acc = merged[key]
         acc[8] += r[8]
         acc[9].append(r[9])
@@ -293,6 +307,8 @@ def measure_sequence(seq: list[dict], cands: list[dict], sec: dict, retraction: 
         acc[12] += r[12]
         acc[13].append(r[13])
         acc[14].append(r[14])
+        acc[16].append(r[16])
+        acc[17].append(r[17])
     out = []
     for acc in merged.values():
         e_W = torch.cat(acc[9]).double()
@@ -301,7 +317,9 @@ def measure_sequence(seq: list[dict], cands: list[dict], sec: dict, retraction: 
         its = msign_eq / msign_per_iteration(acc[1])
         out.append(tuple(acc[:8]) + (acc[8], float(e_W.mean()), float(e_A.mean()), float(e_W.max()), its, msign_eq,
                                       acc[12], float(torch.cat(acc[13]).double().mean()),
-                                      float(torch.cat(acc[14]).double().mean())))
+                                      float(torch.cat(acc[14]).double().mean()), acc[15],
+                                      float(torch.cat(acc[16]).double().mean()),
+                                      float(torch.cat(acc[17]).double().mean())))
     return out
 
 
@@ -319,7 +337,8 @@ def summarise(rows: list[tuple], baseline: str) -> tuple[list[tuple], dict]:
                                 e_W_max=float(a[:, 2].max()), e_W_worst_step=worst_step,
                                 iterations=float(a[:, 3].mean()), msign_eq=float(a[:, 4].mean()),
                                 wall_s=float(a[:, 5].mean()), e_W_conv=float(a[:, 6].mean()),
-                                e_A_conv=float(a[:, 7].mean()))
+                                e_A_conv=float(a[:, 7].mean()), align=float(np.mean([r[18] for r in rs])),
+                                align_conv=float(np.mean([r[19] for r in rs])))
     summary, derived = [], {"baseline": baseline, "by_manifold": {}}
     for man in sorted({m for _, m in stats}):
         base = stats.get((baseline, man))
@@ -335,7 +354,8 @@ def summarise(rows: list[tuple], baseline: str) -> tuple[list[tuple], dict]:
             r = s["row"]
             summary.append((cand, r[1], r[2], r[3], r[4], r[5], man, s["steps"], s["e_W"], s["e_A"], s["e_W_max"],
                             s["e_W_worst_step"], s["iterations"], s["msign_eq"], s["wall_s"], s["msign_ratio"],
-                            s["wall_ratio"], s["matches"], s["e_W_conv"], s["e_A_conv"]))
+                            s["wall_ratio"], s["matches"], s["e_W_conv"], s["e_A_conv"], r[17], s["align"],
+                            s["align_conv"]))
             if s["matches"] and cand != baseline:
                 matching.append((s["msign_eq"], s["wall_s"], cand))
         best = min(matching) if matching else None
@@ -376,7 +396,7 @@ def reference_violation_summary(viol: list[tuple], sec: dict) -> dict:
 
 SUMMARY_COLUMNS = ["candidate", "solver", "warm", "steps", "tol", "rho", "manifold", "captured_steps", "e_W", "e_A",
                    "e_W_max", "e_W_worst_step", "iterations", "msign_eq", "wall_s", "msign_ratio", "wall_ratio",
-                   "matches_baseline", "e_W_conv", "e_A_conv"]
+                   "matches_baseline", "e_W_conv", "e_A_conv", "normalize", "align", "align_conv"]
 
 
 def run_solvers(cfg: dict, out: str | Path, config_path: str | None = None, sequence: list[str] | None = None,
@@ -397,7 +417,7 @@ def run_solvers(cfg: dict, out: str | Path, config_path: str | None = None, sequ
     if sequence or sec["source"] == "grid":
         # existing captures: the given run folders, else the grid's own runs that captured them
         given = [Path(s) for s in sequence] if sequence else [
-            run_dir(RESULTS_ROOT, cfg["name"], a, sec["seed"]) for a in sec["assignments"]]
+            run_dir(RESULTS_ROOT, cfg["name"], v, sec["seed"]) for v in capture_variants(cfg)]
         runs, not_captured = read_captures(given, sec, log)
     else:
         runs, not_captured = capture_sequences(cfg, sec, out / "_train", log)
