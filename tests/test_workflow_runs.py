@@ -350,3 +350,43 @@ def test_tiny_sweep_config_runs_end_to_end(tmp_path):
         sp = pd.read_csv(tmp_path / "results" / "runs" / "ci-sweep" / f"dgram-capped-eta{rate:g}" / "seed0"
                          / "spectral.csv")
         assert float(sp[sp.module == "attn"].sigma_max.max()) <= 1.0 + 1e-2, rate
+
+
+def test_tiny_mechanism_config_runs_end_to_end(tmp_path):
+    # config/ci-mechanism.yaml: the mechanism experiment's code paths, with one rate where every run goes
+    # unstable (failed), every kind of intervention beside All DGram, and the solver study on pairs that
+    # the grid's All DGram run captured at the first rate
+    import pandas as pd
+
+    cfg = load_config(ROOT / "config" / "ci-mechanism.yaml")
+    res = snakemake(tmp_path, ROOT / "config" / "ci-mechanism.yaml", "all")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    out = tmp_path / "paper_figures" / "ci-mechanism"
+    for f in ("fig_mechanism_loss.png", "fig_mechanism_chain.png", "fig_solver_quality.png", "table_mechanism.md",
+              "table_mechanism_contrasts.csv", "mechanism_runs.csv", "fig_solvers_pareto.png",
+              "table_solvers_alignment.csv", "ledger.md"):
+        assert (out / f).is_file(), f
+    captions = (ROOT / "report" / "item.rst").read_text()  # every item the HTML report shows has a caption
+    for f in out.iterdir():
+        if f.suffix in (".png", ".gif", ".csv"):
+            assert f'item == "{f.stem}"' in captions, f"{f.name} has no caption in report/item.rst"
+    runs = pd.read_csv(out / "mechanism_runs.csv")
+    top = max(cfg["grid"]["sweep"]["muon_lr"])
+    assert set(runs[runs.rate == top].failed) == {True} and set(runs[runs.rate == top].status) == {"unstable"}
+    assert set(runs[runs.rate < top].status) == {"completed"}
+    contrasts = pd.read_csv(out / "table_mechanism_contrasts.csv")
+    assert set(contrasts["failed cells of the baseline"]) == {1} and set(contrasts.restored) == {0}
+    ledger = pd.read_csv(out / "ledger.csv").set_index("id")
+    mech = ledger.loc[[i for i in ledger.index if i.startswith("mech.")]]
+    assert len(mech) == 5 and (mech.seeds == "1").all()
+    assert set(mech.verdict) == {"too few seeds"}  # one seed; the rules need six
+    assert set(ledger.loc[[i for i in ledger.index if i.startswith("sweep.")], "verdict"]) == {
+        "not comparable at this scale"}
+    # the normalized and plain solves side by side on the captured pairs
+    align = pd.read_csv(out / "table_solvers_alignment.csv")
+    assert set(align.normalized) == {True, False} and len(align) == 2 * len(align[~align.normalized])
+    # every constrained run measured its solves, and the MLP cap held
+    sol = pd.read_csv(tmp_path / "results" / "runs" / "ci-mechanism" / "dgram-norm-eta0.02" / "seed0" / "solver.csv")
+    assert len(sol) and sol.alignment_converged.between(0, 1 + 1e-5).all()
+    sp = pd.read_csv(tmp_path / "results" / "runs" / "ci-mechanism" / "dgram-mlpcap-eta0.02" / "seed0" / "spectral.csv")
+    assert float(sp[sp.module == "mlp"].sigma_max.max()) <= 4.0 * (1 + 1e-4)

@@ -94,7 +94,7 @@ def study_files(studies=STUDIES, reads: bool = False) -> tuple[str, ...]:
 #: Snakemake HTML report categories: (file-name prefix, category), first match; else ``Training``.
 REPORT_CATEGORIES = (("ledger", "Ledger"), ("table", "Tables"), ("fig3", "Studies"), ("fig_alpha", "Studies"),
                      ("fig_solvers", "Studies"), ("fig_sweep", "Sweep"),
-                     ("sweep", "Sweep"))
+                     ("sweep", "Sweep"), ("fig_mechanism", "Mechanism"), ("mechanism", "Mechanism"))
 
 
 def report_category(item: str) -> str:

@@ -5,7 +5,9 @@
 Reads ``results/runs/<name>/...`` and ``results/studies/<name>/``; a run or
 study result the config asks for that is missing is an error naming it. A config
 with ``workflow.report: solvers`` gets the solver study's figure and table alone; one with
-``workflow.report: sweep`` the learning-rate sweep's (:mod:`mwm.report.sweep`).
+``workflow.report: sweep`` the learning-rate sweep's (:mod:`mwm.report.sweep`); one with
+``workflow.report: mechanism`` the causal experiment's (:mod:`mwm.report.mechanism`) and the solver study
+on the pairs one of its runs captured.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from ..config import ConfigError, load_config
 from ..owner import check_owner
 from ..paths import inside
 from ..runs import check_grid
-from .ledger import build_ledger, build_sweep_ledger, write_ledger
+from .ledger import build_ledger, build_mechanism_ledger, build_sweep_ledger, write_ledger
 from .load import ReportError, load_runs
+from .mechanism import mechanism_report
 from .solver_training import solver_training_report
 from .sweep import sweep_report
 from .studies import SOLVER_STUDY_FILES, load_studies, solver_study_report, studies_report
@@ -34,6 +37,10 @@ def build(cfg: dict, results: Path, out: Path) -> Path:
     runs = load_runs(cfg, results)
     if cfg["workflow"]["report"] == "sweep":  # a learning-rate sweep: its figures, tables and ledger rows
         write_ledger(build_sweep_ledger(cfg, sweep_report(cfg, runs, out)), out)
+        return out
+    if cfg["workflow"]["report"] == "mechanism":  # the causal experiment, and the solver study on its pairs
+        write_ledger(build_mechanism_ledger(cfg, mechanism_report(cfg, runs, out)), out)
+        solver_study_report(load_studies(folder, required=SOLVER_STUDY_FILES), out)
         return out
     studies = load_studies(folder)
     out.mkdir(parents=True, exist_ok=True)

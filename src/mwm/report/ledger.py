@@ -22,7 +22,7 @@ from ..io import atomic_write_text
 from ..names import ATTN_MATRICES, MLP_MATRICES
 from .tables import fmt
 
-__all__ = ["build_ledger", "build_sweep_ledger", "write_ledger", "is_paper_scale", "capabilities", "VERDICTS"]
+__all__ = ["build_ledger", "build_sweep_ledger", "build_mechanism_ledger", "build_values_ledger", "write_ledger", "is_paper_scale", "capabilities", "VERDICTS"]
 
 VERDICTS = paper.VERDICTS
 NC = paper.NC
@@ -449,19 +449,33 @@ def build_ledger(cfg: dict, results: pd.DataFrame, runs, studies: dict) -> pd.Da
     return pd.DataFrame(L.rows, columns=list(COLUMNS))
 
 
-def build_sweep_ledger(cfg: dict, res: pd.DataFrame) -> pd.DataFrame:
-    """The ledger of a learning-rate sweep (``workflow.report: sweep``): its ``sweep.*`` rows from the
-    sweep's runs (:func:`mwm.report.sweep.sweep_ledger_values`); every other claim says this config
-    does not produce it."""
-    from .sweep import sweep_ledger_values
-
+def build_values_ledger(cfg: dict, values: dict, what: str) -> pd.DataFrame:
+    """The ledger of a config that rebuilds a few rows from its runs (a sweep, the mechanism experiment):
+    ``values`` as ``{id: (x, rebuilt, reason)}``, judged here; every other claim says this config does not
+    produce it."""
     L = _Ledger(cfg)
     seeds = len(cfg["grid"]["seeds"])
-    for cid, (x, rebuilt, reason) in sweep_ledger_values(cfg, res).items():
-        L.add(cid, rebuilt, x, seeds=seeds, source=f"sweep runs ({cfg['name']}, {cfg['train']['max_iters']} steps)",
+    for cid, (x, rebuilt, reason) in values.items():
+        L.add(cid, rebuilt, x, seeds=seeds, source=f"{what} ({cfg['name']}, {cfg['train']['max_iters']} steps)",
               reason=reason)
     L.fill_missing()
     return pd.DataFrame(L.rows, columns=list(COLUMNS))
+
+
+def build_sweep_ledger(cfg: dict, res: pd.DataFrame) -> pd.DataFrame:
+    """The ledger of a learning-rate sweep (``workflow.report: sweep``): its ``sweep.*`` rows from the
+    sweep's runs (:func:`mwm.report.sweep.sweep_ledger_values`)."""
+    from .sweep import sweep_ledger_values
+
+    return build_values_ledger(cfg, sweep_ledger_values(cfg, res), "sweep runs")
+
+
+def build_mechanism_ledger(cfg: dict, res: pd.DataFrame) -> pd.DataFrame:
+    """The ledger of the mechanism experiment (``workflow.report: mechanism``): its ``mech.*`` rows
+    (:func:`mwm.report.mechanism.mechanism_ledger_values`)."""
+    from .mechanism import mechanism_ledger_values
+
+    return build_values_ledger(cfg, mechanism_ledger_values(cfg, res), "mechanism runs")
 
 
 def write_ledger(df: pd.DataFrame, out: Path) -> None:

@@ -1,4 +1,5 @@
-"""Figures 4-7, the attention-saturation figures and Tables 3-4, from the training runs."""
+"""Figures 4-7, the attention-saturation figures, the inner solve's quality and Tables 3-4, from the
+training runs."""
 
 from __future__ import annotations
 
@@ -368,6 +369,9 @@ def training_report(cfg: dict, runs, out: Path) -> dict:
     fig_sigma_layers(runs, out, variants)
     fig_spectrum(runs, out)
     fig_attention(runs, out, variants)
+    from .quality import fig_solver_quality, solver_quality
+
+    fig_solver_quality(solver_quality({k: r for k, r in runs.items() if k[0] in variants}), out)
     table_assignments(cfg, out, list(dict.fromkeys(v for v, _ in runs)))
     results = table_results(runs, out, list(dict.fromkeys(v for v, _ in runs)))
     table_expressiveness(cfg, out)
