@@ -183,3 +183,17 @@ def test_without_a_spectral_log_the_check_file_is_its_header_and_the_reason_is_i
     assert sorted(p.name for p in o.iterdir()) == sorted(STAGES["audits"].outputs)  # every declared output
     assert (o / "spectral_check.csv").read_text().count("\n") == 1 and read_csv(o / "spectral_check.csv") == []
     assert "no spectral log given" in json.loads((o / "audits.json").read_text())["spectral_check"]["reason"]
+
+
+def test_msign_calls_are_counted_while_a_step_runs():
+    from mwm.studies.audits import audit_msign_calls
+
+    out = audit_msign_calls(n=16, iterations=(5, 20))
+    assert out["muon"] == 1
+    # dual ascent: one msign per iteration; the Stiefel retraction one more; DGram retracts by eigh or SVD
+    assert out["by_iterations"]["5"] == {"stiefel": 6, "dgram": 5, "stiefel_over_muon": 6.0, "dgram_over_muon": 5.0}
+    assert out["by_iterations"]["20"]["stiefel"] == 21
+    import mwm.dual_ascent
+    import mwm.msign
+
+    assert mwm.dual_ascent.msign is mwm.msign.msign  # the counter is gone afterwards

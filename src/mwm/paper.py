@@ -51,7 +51,7 @@ __all__ = ["VERDICTS", "NC", "TOO_FEW", "Rule", "Claim", "CLAIMS", "claim", "jud
            "paper_fit_alpha", "paper_fit_label", "GELU_BOUND", "ALPHA_FIT", "LOSSES", "LOSS_ORDER", "ONSETS",
            "STABLE_UNTIL", "COSTS", "SIGMA_STEPS", "ABSORB_EA", "ABSORB_EW_MAX", "UNRESOLVED", "DGRAM_ATTENTION",
            "STIEFEL_ATTENTION", "SHARED_RATE_FACTOR", "FAIL_MARGIN", "RESTORE_SHARE", "MIN_FAILED_CELLS", "FAIL_SHARE",
-           "CAUSE_VERDICTS"]
+           "CAUSE_VERDICTS", "HETEROINV_OSCILLATION", "NONE_MLP_PEAK", "MSIGN_OVERHEAD"]
 
 NC = "not comparable at this scale"
 TOO_FEW = "too few seeds"
@@ -79,6 +79,12 @@ ONSETS = {"dgram": 16000, "hetero-inv": 20000}
 STABLE_UNTIL = 15000
 #: Section 6: the steps at which the paper reads DGram attention sigma_max (30-50, then 50-100).
 SIGMA_STEPS = (16000, 20000)
+#: Section 4: Hetero-inv oscillates around this loss after its second spike (nats).
+HETEROINV_OSCILLATION = 4.0
+#: Section 6: Unconstrained MLP sigma_max peaks near this value around this step.
+NONE_MLP_PEAK = (4.0, 2000)
+#: Section 3: the per-step overhead estimated from msign call counts at 20 (and 100) dual-ascent iterations.
+MSIGN_OVERHEAD = {20: 20.0, 100: 100.0}
 #: Section 5: the stated bound on the GELU derivative.
 GELU_BOUND = 1.08
 #: Sections 4 and 6: the assignments with DGram on attention, and those with Stiefel there.
@@ -214,6 +220,10 @@ CLAIMS: tuple[Claim, ...] = (
           "once the 1/eta of comparing a direction with a weight is taken out", "3", "12-16x from the retraction",
           Rule("audit", text="contradicted iff the retraction's own factor is below 2x at every size "
                "(sqrt(1 + eta^2)/eta = 10.05 at eta = 0.1 with no retraction at all)"), ""),
+    Claim("absorb.dgram_weaker", "absorption may be weaker for DGram (its retraction keeps the singular values): "
+          "compression e_A / e_W at T = 20, DGram below Stiefel", "3", "may be weaker",
+          Rule("test", needs="absorption-protocol", text="reproduced iff DGram's compression (paper retraction) is "
+               "below Stiefel's at every size n >= 32"), _ABS),
     Claim("absorb.flat", "e_W(5) / e_W(100): retracted weight nearly flat in T", "3", "within ~1.3x",
           _w(1 / 1.6, 1.6, "every size within 1.6x (1.3 widened by 25%)", needs="absorption-protocol"), _ABS, 1.3),
     # --- Section 4: training -------------------------------------------------------------------------
@@ -225,6 +235,11 @@ CLAIMS: tuple[Claim, ...] = (
                "seed spread (max - min) of both conditions; not reproduced iff a resolved pair is against the "
                "paper's order, reproduced iff every adjacent pair is resolved in it, else too few seeds"),
           "the config with >= 3 seeds", LOSS_ORDER),
+    Claim("loss.hetero_vs_none", "Hetero beats Unconstrained (final val loss)", "4, 7", f"{LOSSES['hetero']} < "
+          f"{LOSSES['none']}", Rule("order", min_seeds=3, text="the loss.order rule on the pair"),
+          "the config with >= 3 seeds", ("hetero", "none")),
+    Claim("stability.stiefel_hetero", "All Stiefel and Hetero train stably over the whole run (no seed unstable)",
+          "4", "stable", Rule("test", needs="paper", text="reproduced iff every seed of both completes"), _P),
     *(Claim(f"instability.{v}", f"{v} becomes unstable: onset step", "4",
             f"~{o}", _w(0.75 * o, 1.25 * o, f"onset within 25% of {o}", needs="paper"), _P, o)
       for v, o in ONSETS.items()),
@@ -236,9 +251,19 @@ CLAIMS: tuple[Claim, ...] = (
           _w(3.8, 4.8, "3.8-4.8 nats", needs="paper"), _P, 4.3),
     Claim("instability.heteroinv_second", "Hetero-inv: second spike at", "4", "step ~25000",
           _w(22500, 27500, "within 10% of 25000", needs="paper"), _P, 25000),
+    Claim("instability.heteroinv_oscillation", "Hetero-inv after its second spike: oscillates around (median val "
+          "loss)", "4", f"~{HETEROINV_OSCILLATION:g} nats",
+          _w(HETEROINV_OSCILLATION - 0.5, HETEROINV_OSCILLATION + 0.5, "within 0.5 nats of 4.0", needs="paper"), _P,
+          HETEROINV_OSCILLATION),
+    Claim("instability.no_nan", "neither failing run (All DGram, Hetero-inv) produces NaN: every logged loss finite",
+          "4", "no NaN", Rule("test", needs="paper", text="reproduced iff every train and val loss of every seed "
+                              "of both is finite"), _P),
     *(Claim(f"cost.{v}", f"per-step cost of {v} relative to Unconstrained", "4 (Table 4)", f"{p}x (H100)",
             _factor(p, 1.5, needs="paper"), _P + " on an H100", p)
       for v, p in COSTS.items()),
+    Claim("cost.msign_estimate", "per-step overhead of Manifold Muon over Muon from msign call counts, 20 "
+          "dual-ascent iterations (Stiefel, counted while one step runs)", "3, 4", "about 20x (about 100x at 100)",
+          _w(15.0, 25.0, "15-25x at 20 iterations"), "", MSIGN_OVERHEAD[20]),
     Claim("params.adamw_share", "AdamW runs on roughly 40% of GPT-2 small's parameters", "4", "~40%",
           _w(0.35, 0.45, "35-45% (+-5 points)"), "(computed from GPT-2 small's shapes)", 0.40),
     # --- Section 5: theory ------------------------------------------------------------------------------
@@ -267,6 +292,21 @@ CLAIMS: tuple[Claim, ...] = (
           "4 -> 2", _w(1.0, 3.0, "end value 1-3", needs="paper"), _P, (4.0, 2.0)),
     Claim("spectral.dgram_mlp", "DGram MLP sigma_max levels off at (Hetero / All DGram)", "6", "7.5 / 18",
           _w(3.75, 36.0, "between half the smaller and twice the larger", needs="paper"), _P, (7.5, 18.0)),
+    Claim("spectral.dgram_mlp_levels", "DGram MLP sigma_max levels off: its growth over the last quarter of the run "
+          "(Hetero and All DGram, the larger)", "6", "levels off",
+          _w(0.0, 1.25, "end / value at 75% of the run <= 1.25", needs="paper"), _P),
+    Claim("spectral.stiefel_mlp", "Stiefel MLP sigma_max stays at 1 (every logged step)", "6", "1",
+          _w(0.98, 1.02, "within 2% of 1 at every logged step (bf16 retraction rounding)"), "", 1.0),
+    Claim("spectral.none_mlp_peak", "Unconstrained MLP sigma_max: its peak", "6", f"~{NONE_MLP_PEAK[0]:g}",
+          _w(2.0, 8.0, "2-8", needs="paper"), _P, NONE_MLP_PEAK[0]),
+    Claim("spectral.none_mlp_peak_step", "Unconstrained MLP sigma_max: the step of its peak", "6",
+          f"~{NONE_MLP_PEAK[1]}", _w(1000, 4000, "1000-4000", needs="paper"), _P, NONE_MLP_PEAK[1]),
+    Claim("spectral.dgram_attn_alike", "All DGram and Hetero-inv attention sigma_max follow nearly identical "
+          "trajectories: the largest ratio between them (seed means, logged steps before the first onset)", "6",
+          "nearly identical", _w(1.0, 1.5, "<= 1.5x at every logged step", needs="paper"), _P),
+    Claim("spectral.growth_precedes", "DGram attention sigma_max growth precedes the failure: attention sigma_max at "
+          "the onset over its first logged value (every unstable DGram-attention run, the smallest)", "6",
+          "30-50 by the onset", _w(10.0, math.inf, ">= 10x by the onset", needs="paper"), _P),
     Claim("spectral.dgram_16k", f"DGram attention sigma_max at step {SIGMA_STEPS[0]}", "6", "30-50",
           _w(24.0, 62.5, "30-50 widened by 25%", needs="paper"), _P, (30.0, 50.0)),
     Claim("spectral.dgram_20k", f"DGram attention sigma_max at step {SIGMA_STEPS[1]}", "6", "50-100",

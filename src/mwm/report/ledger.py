@@ -240,6 +240,14 @@ def _absorption_entries(L: _Ledger, st: dict, cfg: dict) -> None:
           any(r is not None and r >= 2 for r in ret), seeds=seeds, source=src,
           control=f"{ctrl_p}: retraction's own {_rng([p.get('retraction_factor') for p in cs], lambda v: f'{v:.2f}x')}"
           if cs else "")
+    dg = ((protos.get(faithful) or {}).get("manifolds", {}).get("dgram-paper") or {}).get("per_size") or {}
+    st = ((protos.get(faithful) or {}).get("manifolds", {}).get("stiefel") or {}).get("per_size") or {}
+    both = sorted(int(k) for k in set(dg) & set(st) if int(k) >= 32
+                  and dg[k].get("compression") is not None and st[k].get("compression") is not None)
+    if both:
+        L.add("absorb.dgram_weaker", "; ".join(f"n={n}: DGram {dg[str(n)]['compression']:.1f}x vs Stiefel "
+                                              f"{st[str(n)]['compression']:.1f}x" for n in both),
+              all(dg[str(n)]["compression"] < st[str(n)]["compression"] for n in both), seeds=seeds, source=src)
     fl = [(p.get("flatness") or {}).get("e_W_ratio") for p in ps]
     if any(f is not None for f in fl):
         L.add("absorb.flat", _rng(fl, lambda v: f"{v:.2f}"), _window_x(fl, "absorb.flat"), seeds=seeds, source=src,
@@ -290,6 +298,13 @@ def _audit_entries(L: _Ledger, st: dict) -> None:
         hi16, hi20 = paper.claim("spectral.bound_16k_20k").value
         L.add("spectral.bound_16k_20k", f"bound {at[s16]:.1f} at {int(s16) // 1000}k, {at[s20]:.1f} at "
               f"{int(s20) // 1000}k", hi16 <= at[s16] and hi20 <= at[s20], source="studies.audits (paper schedule)")
+    mc = (au.get("msign_calls") or {}).get("by_iterations") or {}
+    if "20" in mc:
+        x = mc["20"]["stiefel_over_muon"]
+        L.add("cost.msign_estimate", f"{x:g}x at 20 iterations" + (f", {mc['100']['stiefel_over_muon']:g}x at 100"
+                                                                 if "100" in mc else ""), x, source=src,
+              note=f"msign calls of one step on a {au['msign_calls']['n']}x{au['msign_calls']['n']} matrix, "
+                   f"Stiefel over plain Muon (DGram: {mc['20']['dgram_over_muon']:g}x, its retraction is an SVD)")
     sh = au.get("adamw_share")
     if sh:
         L.add("params.adamw_share", f"{100 * sh['share']:.1f}% (tied head; {100 * sh['untied_head_share']:.1f}% "
@@ -335,6 +350,12 @@ def _training_entries(L: _Ledger, results: pd.DataFrame, runs, cfg: dict) -> Non
         txt = " < ".join(f"{k} {np.mean(losses[k]):.4f}" for k in sorted(losses, key=lambda k: np.mean(losses[k])))
         spread = ", ".join(f"{k} spread {max(x) - min(x):.4f}" for k, x in losses.items())
         L.add("loss.order", txt, losses, seeds=min(len(x) for x in losses.values()), source=src, note=spread)
+    pair = paper.claim("loss.hetero_vs_none").value
+    if set(pair) <= set(res.index):
+        losses = {v: _final_losses(runs, v) for v in pair}
+        L.add("loss.hetero_vs_none", " vs ".join(f"{k} {np.mean(x):.4f} (spread {max(x) - min(x):.4f})"
+                                                 for k, x in losses.items()), losses,
+              seeds=min(len(x) for x in losses.values()), source=src)
     for v in paper.ONSETS:
         if v in res.index:
             status, onsets = res.loc[v, "status"], res.loc[v, "onset_steps"]
@@ -345,6 +366,7 @@ def _training_entries(L: _Ledger, results: pd.DataFrame, runs, cfg: dict) -> Non
             L.add(f"instability.{v}", f"{status}" + (f", onset {onsets}" if unstable else ""), x, seeds=nseeds,
                   source=src, reason=f"stable over {cfg['train']['max_iters']} steps")
     _instability_shapes(L, runs, nseeds)
+    _stability_entries(L, runs, nseeds)
     for v in paper.COSTS:
         if v in res.index and res.loc[v, "cost_vs_none"] is not None:
             c = float(res.loc[v, "cost_vs_none"])
@@ -377,7 +399,85 @@ def _training_entries(L: _Ledger, results: pd.DataFrame, runs, cfg: dict) -> Non
         l0 = [float(x.sort_values("step")["sigma_max"].iloc[-1]) for x in l0 if len(x)]
         if l0:
             L.add("spectral.layer0", f"{np.mean(l0):.3g}", float(np.mean(l0)), seeds=nseeds, source=sp_src)
+    _spectral_shapes(L, runs, cfg, nseeds)
     _long_entries(L, runs, cfg, growth_bound, nseeds)
+
+
+def _stability_entries(L: _Ledger, runs, nseeds: int) -> None:
+    """Which runs stay stable and finite: the Stiefel-attention assignments over the run, the failing ones'
+    logged losses."""
+    src = "run summaries and loss logs"
+    stable = [r for (v, _), r in sorted(runs.items()) if v in paper.STIEFEL_ATTENTION]
+    if stable:
+        done = sum(r.summary["status"] == "completed" for r in stable)
+        L.add("stability.stiefel_hetero", f"{done} of {len(stable)} runs completed", done == len(stable), seeds=nseeds,
+              source=src)
+    failing = [r for (v, _), r in sorted(runs.items()) if v in paper.DGRAM_ATTENTION]
+    if failing:
+        bad = [f"{r.variant} seed {r.seed}" for r in failing
+               if not (np.isfinite(r.eval[["train_loss", "val_loss"]].to_numpy(dtype=float)).all()
+                       and np.isfinite(r.metrics["train_loss"].to_numpy(dtype=float)).all())]
+        L.add("instability.no_nan", "every logged loss finite" if not bad else f"non-finite losses in {', '.join(bad)}",
+              not bad, seeds=nseeds, source=src)
+
+
+def _at_or_before(s: pd.Series, step: float) -> float:
+    """The value of a step-indexed series at the last logged step not after ``step`` (its first value if none)."""
+    before = s[s.index <= step]
+    return float(before.iloc[-1] if len(before) else s.iloc[0])
+
+
+def _spectral_shapes(L: _Ledger, runs, cfg: dict, nseeds: int) -> None:
+    """The shapes of the sigma_max trajectories that Section 6 describes, read from the spectral logs."""
+    attn, mlp = ATTN_MATRICES, MLP_MATRICES
+    src = "spectral logs (max over matrices)"
+
+    def of(v):
+        return [r for (vv, _), r in sorted(runs.items()) if vv == v]
+
+    st = of("stiefel")
+    if st:
+        vals = [float(x) for r in st for x in _sigma(r, "mlp", mlp).values]
+        x = _window_x(vals, "spectral.stiefel_mlp")
+        L.add("spectral.stiefel_mlp", f"{min(vals):.4g}-{max(vals):.4g} over every logged step", x, seeds=nseeds,
+              source=src)
+    none = of("none")
+    if none:
+        peaks = [(float(s.max()), float(s.idxmax())) for s in (_sigma(r, "mlp", mlp) for r in none)]
+        v, k = float(np.mean([p[0] for p in peaks])), float(np.mean([p[1] for p in peaks]))
+        L.add("spectral.none_mlp_peak", f"{v:.3g}", v, seeds=nseeds, source=src + ", seed mean")
+        L.add("spectral.none_mlp_peak_step", f"{k:.0f}", k, seeds=nseeds, source=src + ", seed mean")
+    late = []
+    for v in ("hetero", "dgram"):
+        ratios = []
+        for r in of(v):
+            s = _sigma(r, "mlp", mlp)
+            ratios.append(float(s.iloc[-1]) / _at_or_before(s, 0.75 * float(s.index.max())))
+        if ratios:
+            late.append((v, float(np.mean(ratios))))
+    if late:
+        x = max(g for _, g in late)
+        L.add("spectral.dgram_mlp_levels", ", ".join(f"{v} x{g:.3g}" for v, g in late), x, seeds=nseeds,
+              source=src + ", seed mean of end / value at 75% of the run")
+    dg, hi = of("dgram"), of("hetero-inv")
+    unstable = [r for r in dg + hi if r.summary["status"] == "unstable" and r.summary.get("onset_step") is not None]
+    if dg and hi:
+        a = pd.concat([_sigma(r, "attn", attn) for r in dg], axis=1).mean(axis=1)
+        b = pd.concat([_sigma(r, "attn", attn) for r in hi], axis=1).mean(axis=1)
+        first = min((r.summary["onset_step"] for r in unstable), default=None)
+        common = a.index.intersection(b.index)
+        common = common[common < first] if first is not None else common
+        if len(common):
+            ratio = np.maximum(a[common] / b[common], b[common] / a[common])
+            x = float(ratio.max())
+            L.add("spectral.dgram_attn_alike", f"{x:.3g}x at step {int(ratio.idxmax())}"
+                  + (f" (steps before {first})" if first is not None else ""), x, seeds=nseeds, source=src)
+    if unstable:
+        growth = [(_at_or_before(_sigma(r, "attn", attn), r.summary["onset_step"]) / float(_sigma(r, "attn", attn).iloc[0]),
+                   f"{r.variant} seed {r.seed}") for r in unstable]
+        x, who = min(growth)
+        L.add("spectral.growth_precedes", f"{x:.3g}x ({who}, the smallest of {len(growth)})", x, seeds=nseeds,
+              source=src)
 
 
 def _instability_shapes(L: _Ledger, runs, nseeds: int) -> None:
@@ -401,10 +501,14 @@ def _instability_shapes(L: _Ledger, runs, nseeds: int) -> None:
         drop = float(ev.val_loss[j])
         later = ev.iloc[j:]
         second = float(later.step[later.val_loss.idxmax()]) if len(later) > 1 else None
+        after = ev[ev.step > second] if second is not None else ev.iloc[:0]
+        osc = float(after.val_loss.median()) if len(after) else None
         L.add("instability.heteroinv_spike", f"{spike:.2f}", spike, seeds=nseeds, source="eval logs (first seed)")
         L.add("instability.heteroinv_drop", f"{drop:.2f}", drop, seeds=nseeds, source="eval logs (first seed)")
         L.add("instability.heteroinv_second", fmt(second), second, seeds=nseeds, source="eval logs (first seed)",
               reason="no second spike after the drop")
+        L.add("instability.heteroinv_oscillation", fmt(osc), osc, seeds=nseeds, source="eval logs (first seed)",
+              reason="no evaluation after the second spike")
 
 
 def _long_entries(L: _Ledger, runs, cfg: dict, growth_bound, nseeds: int) -> None:
