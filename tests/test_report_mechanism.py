@@ -98,3 +98,24 @@ def test_other_configs_say_they_do_not_rebuild_the_mechanism_rows():
     assert "mechanism" not in capabilities(default) and "mechanism" in capabilities(CFG)
     sweep = load_config(ROOT / "config" / "sweep.yaml")
     assert "sweep" in capabilities(sweep) and "mechanism" not in capabilities(sweep)
+
+
+def test_the_mechanism_configs_pair_fresh_seeds_across_every_kind_of_arm():
+    from mwm.checks import check_config
+
+    others = set()
+    for path in (ROOT / "config").glob("*.yaml"):
+        if "mechanism" not in path.stem:
+            others |= set(load_config(path)["grid"]["seeds"])
+    for name in ("mechanism", "mechanism-gpt2", "ci-mechanism"):
+        cfg = load_config(ROOT / "config" / f"{name}.yaml")
+        check_config(cfg, f"config/{name}.yaml")
+        assert cfg["workflow"]["report"] == "mechanism"
+        kinds = {intervention_kind(cfg["grid"], c) for c in cfg["grid"]["intervention"]}
+        assert kinds == {"cap", "normalized", "mlp_control"}
+        if name != "ci-mechanism":
+            assert len(cfg["grid"]["seeds"]) >= 6 and not set(cfg["grid"]["seeds"]) & others
+            assert set(paper.DGRAM_ATTENTION) | set(paper.STIEFEL_ATTENTION) <= set(cfg["grid"]["assignments"])
+            caps = [cfg["grid"]["train_overrides"][c]["attn_sigma_cap"] for c in cfg["grid"]["intervention"]
+                    if intervention_kind(cfg["grid"], c) == "cap"]
+            assert caps and all(c > 1.0 for c in caps)  # above the Stiefel level: the weights stay DGram
