@@ -6,14 +6,8 @@
 # whose workflow.report is "mechanism" (config/mechanism.yaml) its causal experiment from its runs and
 # the solver study on pairs one of them captured.
 
-if CFG["workflow"]["report"] == "solvers":
-    REPORT_INPUTS = study_outputs("solvers")
-elif CFG["workflow"]["report"] == "sweep":  # a learning-rate sweep (config/sweep.yaml): its runs alone
-    REPORT_INPUTS = all_runs()
-elif CFG["workflow"]["report"] == "mechanism":  # the causal experiment (config/mechanism.yaml)
-    REPORT_INPUTS = [*all_runs(), *study_outputs("solvers")]
-else:
-    REPORT_INPUTS = [*all_runs(), *study_outputs(*stages.STUDIES)]
+_studies, _with_runs = stages.REPORT_INPUTS[CFG["workflow"]["report"]]
+REPORT_INPUTS = [*(all_runs() if _with_runs else []), *study_outputs(*_studies)]
 
 
 rule report:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-__all__ = ["Stage", "STAGES", "STUDIES", "rule_file_sections", "study_files", "report_category"]
+__all__ = ["Stage", "STAGES", "STUDIES", "REPORT_INPUTS", "rule_file_sections", "study_files", "report_category"]
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,10 @@ STAGES: dict[str, Stage] = {
 
 #: The numerical studies, in the order the report draws them.
 STUDIES = ("alpha", "absorption", "audits", "solvers")
+#: What each kind of report (``workflow.report``) is built from: the studies it reads, and whether it reads
+#: the grid's training runs (the rules' report inputs; ``mwm.status`` lists these and no others).
+REPORT_INPUTS = {"full": (STUDIES, True), "solvers": (("solvers",), False), "sweep": ((), True),
+                 "mechanism": (("solvers",), True)}
 
 
 def rule_file_sections(rule_file: str) -> tuple[str, ...]:

@@ -44,12 +44,12 @@ from pathlib import Path
 
 from .config import ConfigError, load_config
 from .runs import checkpoint_dir, expected_identity, grid_variants, identity_checkable, identity_problem, run_dir
+from .stages import REPORT_INPUTS, STAGES as STAGE_FILES, STUDIES
 
 __all__ = ["RunStatus", "run_status", "collect", "format_table", "read_benchmarks", "stage_times", "dag_eta", "main"]
 
 #: Files whose presence marks a study as done (what each study writes last).
-STUDY_MARKERS = {"alpha": "alpha_derived.json", "absorption": "absorption_derived.json", "audits": "audits.json",
-                 "solvers": "solvers_derived.json"}
+STUDY_MARKERS = {name: STAGE_FILES[name].file("derived") for name in STUDIES}
 #: Steps averaged for ms/step (the most recent ones).
 RECENT = 50
 
@@ -200,7 +200,10 @@ def products(cfg: dict, results: Path, figures: Path, now: float | None = None) 
     now = time.time() if now is None else now
     rows = []
     studies = results / "studies" / cfg["name"]
+    made = REPORT_INPUTS[cfg["workflow"]["report"]][0]  # the studies this config's report reads
     for name, marker in STUDY_MARKERS.items():
+        if name not in made:
+            continue
         p = studies / marker
         rows.append([f"study {name}", "completed" if p.exists() else "pending", str(p),
                      f"{_duration(now - p.stat().st_mtime)} ago" if p.exists() else "-"])

@@ -1,0 +1,123 @@
+"""Benchmark: the inner solve's quality against the weight scale, and what measuring it costs a run.
+
+Prints, each measured in this process:
+
+1. ``--scales``: the update's alignment with the momentum, tr(G^T A) / ||G||_*, of the paper's solve
+   (20 iterations of dual ascent, alpha 0.1), the same 20 iterations on W / sigma_max
+   (``train.solver_normalize``), 200 plain iterations, and the optimum (ADMM on W / sigma_max, 500
+   iterations), on DGram pairs (m x n, column norms spread 10x, a rank-2 momentum plus noise) at weight
+   scales 0.3 .. 100, float64, mean over ``--draws`` draws;
+2. ``--cost``: one run of ``--config``'s model per ``--assignment`` (random token ids, one thread):
+   the median training step against the solver-quality measurement (``mwm.quality``) of a step, and the
+   measurement's share of a run that measures at every ``train.eval_interval`` steps.
+
+    python benchmarks/bench_quality.py --scales
+    python benchmarks/bench_quality.py --cost --config config/mechanism.yaml --assignment dgram hetero
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mwm.solvers import SolverSettings, solve
+
+SCALES = (0.3, 1.0, 3.0, 10.0, 30.0, 100.0)
+
+
+def dgram_pair(m: int, n: int, scale: float, gen: torch.Generator):
+    Q, _ = torch.linalg.qr(torch.randn(m, n, generator=gen, dtype=torch.float64))
+    d = torch.logspace(-1, 0, n, dtype=torch.float64)
+    G = torch.randn(m, 2, generator=gen, dtype=torch.float64) @ torch.randn(2, n, generator=gen, dtype=torch.float64)
+    return Q * d * scale, (G + 0.1 * torch.randn(m, n, generator=gen, dtype=torch.float64)) * 1e-3
+
+
+def scales_table(m: int, n: int, draws: int) -> None:
+    solvers = {"paper (20 it.)": SolverSettings.defaults(),
+               "20 it. on W / sigma_max": SolverSettings.defaults(normalize=True),
+               "200 it.": SolverSettings.defaults(steps=200),
+               "optimum (ADMM on W / sigma_max, 500 it.)": SolverSettings.defaults(solver="admm", steps=500,
+                                                                                  normalize=True)}
+    rows = {k: [] for k in solvers}
+    for scale in SCALES:
+        gen = torch.Generator().manual_seed(0)
+        acc = {k: [] for k in solvers}
+        for _ in range(draws):
+            W, G = dgram_pair(m, n, scale, gen)
+            nuc = float(torch.linalg.matrix_norm(G, "nuc"))
+            for k, s in solvers.items():
+                acc[k].append(float((G * solve(W, G, "dgram", s).A).sum()) / nuc)
+        for k in solvers:
+            rows[k].append(statistics.mean(acc[k]))
+    print(f"alignment with the momentum, DGram {m} x {n}, mean of {draws} draws (float64)")
+    print("| solver | " + " | ".join(f"scale {s:g}" for s in SCALES) + " |")
+    print("| --- | " + " | ".join("---" for _ in SCALES) + " |")
+    for k, vals in rows.items():
+        print(f"| {k} | " + " | ".join(f"{v:.2f}" for v in vals) + " |")
+
+
+def cost(config: str, assignments: list[str], steps: int, repeats: int) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import mwm.train as T
+    from bench_fullsize import RandomTokens
+    from mwm.config import load_config
+    from mwm.quality import quality_rows
+
+    torch.set_num_threads(1)
+    cfg = load_config(config)
+    T.resolve_data = lambda c: RandomTokens(cfg["model"]["vocab_size"] or 2048, 200_000)
+    every = cfg["train"]["eval_interval"]
+    print(f"{config}: measuring at every {every} steps; one thread; {steps} timed steps, {repeats} measurements")
+    for a in assignments:
+        with tempfile.TemporaryDirectory() as tmp:
+            run = T.Run(cfg, a, 0, cfg["train"]["dgram_retraction"], Path(tmp))
+            run.open_logs(0)
+            run.step = 1  # a step that measures nothing
+            times = []
+            for _ in range(steps):
+                t0 = time.perf_counter()
+                run.train_step()
+                times.append(time.perf_counter() - t0)
+            q = []
+            for _ in range(repeats):
+                run.forward_backward(run.step)
+                directions: dict = {}
+                consumed = run.opts.step(inputs=True, directions=directions)
+                run.opts.zero_grad()
+                t0 = time.perf_counter()
+                quality_rows(consumed, directions, run.step)
+                q.append(time.perf_counter() - t0)
+            step, meas = statistics.median(times[2:]), statistics.median(q)
+            print(f"  {a}: step {1e3 * step:.0f} ms, measurement {1e3 * meas:.0f} ms = {meas / step:.2f} steps; "
+                  f"share of a run: {100 * meas / (meas + every * step):.1f}%")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scales", action="store_true", help="the alignment table against the weight scale")
+    ap.add_argument("--shape", type=int, nargs=2, default=(192, 64), metavar=("M", "N"))
+    ap.add_argument("--draws", type=int, default=5)
+    ap.add_argument("--cost", action="store_true", help="the measurement's share of a run")
+    ap.add_argument("--config", default="config/config.yaml")
+    ap.add_argument("--assignment", nargs="+", default=["dgram", "stiefel", "hetero"])
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args(argv)
+    if not (args.scales or args.cost):
+        ap.error("give --scales, --cost or both")
+    if args.scales:
+        scales_table(*args.shape, args.draws)
+    if args.cost:
+        cost(args.config, args.assignment, args.steps, args.repeats)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

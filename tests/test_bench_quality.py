@@ -1,0 +1,31 @@
+"""benchmarks/bench_quality.py at a tiny size: the alignment table against the weight scale, and the
+measurement's share of a run, both printed from what this process measured."""
+
+import re
+from pathlib import Path
+
+from conftest import load_benchmark
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_scale_table_shows_the_papers_solve_losing_the_momentum_and_the_normalized_one_keeping_it(capsys):
+    bench = load_benchmark("bench_quality")
+    assert bench.main(["--scales", "--shape", "48", "16", "--draws", "1"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split("|")[1].strip(): [float(x) for x in line.split("|")[2:-1]]
+            for line in out.splitlines() if line.startswith("| ") and "---" not in line and "solver" not in line}
+    paper, normal, best = rows["paper (20 it.)"], rows["20 it. on W / sigma_max"], \
+        rows["optimum (ADMM on W / sigma_max, 500 it.)"]
+    assert max(normal) - min(normal) < 0.02 and max(best) - min(best) < 0.02  # scale-free
+    assert paper[-1] < normal[-1] - 0.3  # scale 100
+    assert all(b >= n - 1e-9 for b, n in zip(best, normal))
+
+
+def test_the_cost_is_printed_as_a_share_of_a_run(capsys):
+    bench = load_benchmark("bench_quality")
+    assert bench.main(["--cost", "--config", str(ROOT / "config" / "ci.yaml"), "--assignment", "dgram",
+                       "--steps", "4", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    share = re.search(r"dgram: step \d+ ms, measurement \d+ ms = [\d.]+ steps; share of a run: ([\d.]+)%", out)
+    assert share and 0 < float(share.group(1)) < 100
