@@ -7,7 +7,7 @@ Per parameter group (each carries a ``manifold`` key):
 * ``manifold="none"``: plain Muon, ``W <- (1 - lr wd) W - lr msign(u)``;
 * ``manifold`` in stiefel / dgram / oblique: Manifold Muon,
   ``W <- retract(W - lr A)`` with ``A`` from the dual ascent; no weight decay.
-  A DGram group may carry ``sigma_cap``: after the retraction its column norms (its
+  A DGram group may carry ``sigma_cap`` (attention or MLP): after the retraction its column norms (its
   singular values, on DGram) are capped there (the intervention of :mod:`mwm.sweep`).
 
 Matrices of equal shape (up to transposition: wide ones are stacked in their
@@ -350,7 +350,7 @@ def muon_update(W: torch.Tensor, U: torch.Tensor, group: dict, manifolds: list[s
             idx = _index_of(tuple(manifolds), name, pre.device)
             W[idx] = get_manifold(name, group["dgram_retraction"]).retract(pre[idx], precision=prec)
     cap = group.get("sigma_cap")
-    if cap is not None:  # a group of DGram attention weights under the intervention's cap (mwm.sweep)
+    if cap is not None:  # a group of DGram attention or MLP weights under an intervention's cap (mwm.sweep)
         W = cap_column_norms(W, cap)
     if not settings.warm_start:
         return W, None, res.A
