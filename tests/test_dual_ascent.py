@@ -163,3 +163,26 @@ def test_tensor_alpha_batch_mismatch_is_named():
     W, G = pair(8, 8, batch=(4,))
     with pytest.raises(ValueError, match=r"alpha of shape \(3,\)"):
         dual_ascent(W, G, alpha=torch.tensor([0.1, 0.2, 0.3]))
+
+
+def test_a_gram_solve_that_blows_up_is_done_again_in_the_direct_order(monkeypatch):
+    # a momentum almost entirely normal to the Stiefel tangent space (what a tall MLP matrix met in training):
+    # M_0 is its tiny tangent part, and the Gram order's expansion of M^T M cancels in float32
+    import mwm.dual_ascent as D
+
+    g = torch.Generator().manual_seed(0)
+    W = get_manifold("stiefel").init(torch.randn(2, 256, 64, generator=g))
+    B = torch.randn(2, 64, 64, generator=g)
+    U = W @ ((B + B.mT) * 5e-4) + 1e-7 * torch.randn(2, 256, 64, generator=g)
+    direct = dual_ascent(W, U, "stiefel", method="direct")
+    fixed = dual_ascent(W, U, "stiefel", method="gram")
+    assert torch.isfinite(fixed.A).all() and torch.equal(fixed.A, direct.A)
+    monkeypatch.setattr(D, "_msign_sized", lambda A: True)  # without the check the Gram order's answer stands
+    raw = dual_ascent(W, U, "stiefel", method="gram")
+    assert not torch.isfinite(raw.A).all() or raw.A.square().sum() > 4 * 64
+    # a solve that was fine keeps the Gram order's own numbers
+    monkeypatch.undo()
+    W2, G2 = pair(256, 64, batch=(2,))
+    gram = dual_ascent(W2, G2, "stiefel", method="gram")
+    assert not torch.equal(gram.A, dual_ascent(W2, G2, "stiefel", method="direct").A)
+    assert torch.allclose(gram.A, dual_ascent(W2, G2, "stiefel", method="direct").A, atol=1e-3)

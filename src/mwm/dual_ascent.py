@@ -30,7 +30,12 @@ Two evaluation orders give the same numbers (up to float32 rounding):
     run on ``X^T X`` and give ``Q_2``, and ``W^T A = (W^T M) Q_1 Q_2`` without
     ``A``. ``A = X Q_2`` itself is only formed at the end and at snapshots.
 
-``method="auto"`` picks per shape (:func:`mwm.msign.choose_order`).
+``method="auto"`` picks per shape (:func:`mwm.msign.choose_order`). The Gram order forms ``M^T M``
+from its expansion, which cancels catastrophically in float32 when ``M`` is tiny beside its terms: a
+momentum almost entirely normal to the tangent space makes ``M_0`` such a matrix, and the iterate blows
+up. A solve in the Gram order whose direction is not finite or not the size of an msign (sum of squared
+singular values above twice their count) is done again in the direct order; a solve that was fine is
+left bit for bit as it was.
 
 ``precision="bfloat16"`` runs msign as the released code (bfloat16 Polar
 Express, emulated, see :mod:`mwm.msign`) and everything else in float32, as
@@ -263,7 +268,19 @@ def dual_ascent(
         if isinstance(step_size, torch.Tensor):
             step_size = step_size.to(H.dtype)
         Lam = Lam - step_size * H
-    return result(direction(), stop, Lam, it, history if record_violations else None, out_snaps, transposed)
+    res = result(direction(), stop, Lam, it, history if record_violations else None, out_snaps, transposed)
+    if method == "gram" and not _msign_sized(res.A):
+        return dual_ascent(W, G, manifold, alpha=alpha, steps=steps, tol=tol, record_violations=record_violations,
+                           snapshots=snapshots, method="direct", msign_steps=msign_steps, precision=precision,
+                           Lambda0=Lambda0)
+    return res
+
+
+def _msign_sized(A: torch.Tensor) -> bool:
+    """Whether every matrix of ``A`` is finite with squared Frobenius norm at most twice its rank bound (an
+    msign's singular values are at most about 1): one read of the whole bank."""
+    k = min(A.shape[-2:])
+    return bool((A.square().sum(dim=(-2, -1)) <= 2.0 * k).all())
 
 
 @torch.no_grad()
