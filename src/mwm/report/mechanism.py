@@ -228,7 +228,7 @@ def fig_mechanism_chain(cfg: dict, res: pd.DataFrame, runs, out: Path) -> None:
     cases = _chain_cases(cfg, res)
     panels = (("sigma", r"attention $\sigma_{\max}$"), ("logit_range_max", "max logit range"),
               ("entropy_mean", "attention entropy"), ("jac_fro_mean", r"softmax-Jacobian $\|J\|_F$"),
-              ("alignment", "attention solve: alignment"))
+              ("alignment", "attention solve alignment"))
     fig, axes = plt.subplots(max(len(cases), 1), len(panels), figsize=(style.FULL, 1.9 * max(len(cases), 1)),
                              squeeze=False)
     if not cases:

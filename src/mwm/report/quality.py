@@ -56,5 +56,5 @@ def fig_solver_quality(df: pd.DataFrame, out: Path, title: str = "", color=style
         ax.set(xscale="log", xlabel=r"$\sigma_{\max}$ of the matrix", title=f"{name} matrices")
     axes[0].set_ylabel(r"alignment $\mathrm{tr}(U^\top A)/\|U\|_*$ (median)")
     fig.suptitle(title or "Inner-solve quality along training: the update (solid) and a converged solve (dashed)")
-    style.legend_below(fig, axes[0] if len(bins[bins.module == "attn"]) else axes[1])
+    style.legend_below(fig, axes[0] if len(bins[bins.module == "attn"]) else axes[1], ncol=3)
     style.save(fig, out, "fig_solver_quality")
