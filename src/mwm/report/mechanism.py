@@ -25,7 +25,6 @@ import numpy as np
 import pandas as pd
 
 from .. import paper
-from ..names import ATTN_MATRICES
 from ..runs import run_config
 from ..sweep import intervention_keys, intervention_label, rate_label, sweep_points, sweep_variant
 from .tables import write_table
@@ -223,12 +222,13 @@ def fig_mechanism_chain(cfg: dict, res: pd.DataFrame, runs, out: Path) -> None:
     import matplotlib.pyplot as plt
 
     from . import style
+    from .sweep import chain_series
     from .training import growth_bound
 
     cases = _chain_cases(cfg, res)
     panels = (("sigma", r"attention $\sigma_{\max}$"), ("logit_range_max", "max logit range"),
               ("entropy_mean", "attention entropy"), ("jac_fro_mean", r"softmax-Jacobian $\|J\|_F$"),
-              ("alignment", "attention solve alignment"))
+              ("alignment", "solve alignment"))
     fig, axes = plt.subplots(max(len(cases), 1), len(panels), figsize=(style.FULL, 1.9 * max(len(cases), 1)),
                              squeeze=False)
     if not cases:
@@ -242,22 +242,16 @@ def fig_mechanism_chain(cfg: dict, res: pd.DataFrame, runs, out: Path) -> None:
                  in ("normalized", "cap")]
         shown = [(base, "-")] + twins + ([("stiefel", "-")] if "stiefel" in set(res.arm) else [])
         for arm, ls in shown:
-            r = runs[sweep_variant(arm, rate), seed]
-            sp = r.spectral
-            sig = sp[(sp.module == "attn") & sp.matrix.isin(ATTN_MATRICES)].groupby("step")["sigma_max"].max()
-            att = r.attention.groupby("step")
-            q = r.solver[r.solver.module == "attn"].groupby("step") if len(r.solver) else None
-            series = {"sigma": sig, "logit_range_max": att["logit_range_max"].max(),
-                      "entropy_mean": att["entropy_mean"].mean(), "jac_fro_mean": att["jac_fro_mean"].mean(),
-                      "alignment": q["alignment"].mean() if q is not None else pd.Series(dtype=float)}
+            series = chain_series(runs[sweep_variant(arm, rate), seed])
+            sig = series["sigma"]
             col = "grey" if arm == "stiefel" else style.color(base)
             lab = style.label(arm) if arm in (base, "stiefel") else intervention_label(cfg["grid"], arm)
             for ax, (key, _) in zip(row, panels):
                 y = series[key]
                 ax.plot(y.index, y.values, color=col, ls=ls, label=lab)
             if arm == base:
-                if q is not None:
-                    c = q["alignment_converged"].mean()
+                c = series["alignment_converged"]
+                if len(c):
                     row[-1].plot(c.index, c.values, color="k", lw=0.6, label="converged solve (plain run)")
                 steps = sig.index.values
                 tc = run_config(cfg, sweep_variant(arm, rate))["train"]

@@ -33,7 +33,7 @@ from ..runs import run_config
 from ..sweep import intervention_keys, intervention_label, rate_label, sweep_points, sweep_variant
 from .tables import fmt, write_table
 
-__all__ = ["STABLE", "sweep_results", "summarize", "Stability", "stability", "sweep_report"]
+__all__ = ["STABLE", "sweep_results", "summarize", "Stability", "stability", "chain_series", "sweep_report"]
 
 #: The run status that counts as stable; anything else (unstable, failed) does not.
 STABLE = "completed"
@@ -245,6 +245,21 @@ def fig_sweep_lr(cfg: dict, res: pd.DataFrame, out: Path) -> None:
     style.save(fig, out, "fig_sweep_lr")
 
 
+def chain_series(r) -> dict[str, pd.Series]:
+    """The mechanism's chain in one run, per logged step: attention sigma_max (max over c_attn and c_proj),
+    the max logit range, mean entropy and mean softmax-Jacobian norm over heads, and the attention solves'
+    mean alignment and a converged solve's (empty where the run measured none)."""
+    sp = r.spectral
+    att = r.attention.groupby("step")
+    q = r.solver[r.solver.module == "attn"].groupby("step") if len(r.solver) else None
+    empty = pd.Series(dtype=float)
+    return {"sigma": sp[(sp.module == "attn") & sp.matrix.isin(ATTN_MATRICES)].groupby("step")["sigma_max"].max(),
+            "logit_range_max": att["logit_range_max"].max(), "entropy_mean": att["entropy_mean"].mean(),
+            "jac_fro_mean": att["jac_fro_mean"].mean(),
+            "alignment": q["alignment"].mean() if q is not None else empty,
+            "alignment_converged": q["alignment_converged"].mean() if q is not None else empty}
+
+
 def fig_sweep_edge(cfg: dict, res: pd.DataFrame, runs, out: Path) -> None:
     """The mechanism's chain at each DGram-attention assignment's first unstable rate, over the steps up to
     its onset (its first unstable seed), beside the capped candidate and All Stiefel at that rate."""
@@ -272,11 +287,8 @@ def fig_sweep_edge(cfg: dict, res: pd.DataFrame, runs, out: Path) -> None:
         shown = [(a, "-")] + [(v, ls) for v, ls in ((capped_of.get(a), "--"), ("stiefel", ":")) if v in st]
         for v, ls in shown:
             r = runs[sweep_variant(v, rate), seed]
-            sp = r.spectral
-            sig = sp[(sp.module == "attn") & sp.matrix.isin(ATTN_MATRICES)].groupby("step")["sigma_max"].max()
-            att = r.attention.groupby("step")
-            series = {"sigma": sig, "logit_range_max": att["logit_range_max"].max(),
-                      "entropy_mean": att["entropy_mean"].mean(), "jac_fro_mean": att["jac_fro_mean"].mean()}
+            series = chain_series(r)
+            sig = series["sigma"]
             c = style.color(a if v == capped_of.get(a) else v)
             lab = style.label(v) + (f" ({intervention_label(cfg['grid'], v)})" if v == capped_of.get(a) else "")
             for ax, (key, _) in zip(row, panels):
