@@ -11,6 +11,7 @@ from mwm.config import ConfigError, load_config
 from mwm.data import dataset_dir
 from mwm.launch import ranks_per_run
 from mwm.names import UNCONSTRAINED, parse_variant
+from mwm.numerics import VERSION as NUMERICS
 from mwm.owner import check_owner, claim
 from mwm.paths import inside
 from mwm.runs import RESULTS_ROOT, RUN_FILES, capture_variants, capture_window, check_grid, grid_variants, run_config
@@ -104,8 +105,8 @@ def foreign_runs():
 # set_aside_foreign_run makes after moving the run aside (mwm.setaside), so the run is retrained.
 _FOREIGN = foreign_runs() if CFG["workflow"]["report"] != "solvers" else {}
 if _FOREIGN:
-    print(f"mwm: {len(_FOREIGN)} finished run(s) of {CONFIG_FILE} hold settings that are not the config's (the "
-          "report refuses them; e.g. written by an older mwm.train with overrides): rule "
+    print(f"mwm: {len(_FOREIGN)} finished run(s) of {CONFIG_FILE} are not the config's own (other settings, e.g. "
+          "an older mwm.train with overrides, or other numerics; the report refuses them): rule "
           f"{SET_ASIDE_RULE} moves each to {foreign_root(RESULTS_ROOT, NAME)}/<variant>/seed<S>-<UTC time>/ "
           "(nothing is deleted) and the workflow retrains it:\n  "
           + "\n  ".join(f"{RUNS}/{v}/seed{s}/summary.json: {why}" for (v, s), why in _FOREIGN.items()),

@@ -14,6 +14,7 @@ rule study_alpha:
     params:
         config=CONFIG_FILE,
         out=lambda wildcards, output: os.path.dirname(output[0]),
+        numerics=NUMERICS,  # a numerics change reruns the study
         studies=CFG["studies"]["alpha"],
     log:
         f"{LOGS}/studies/alpha.log",
@@ -36,6 +37,7 @@ rule study_absorption:
     params:
         config=CONFIG_FILE,
         out=lambda wildcards, output: os.path.dirname(output[0]),
+        numerics=NUMERICS,  # a numerics change reruns the study
         studies=CFG["studies"]["absorption"],
         pairs=lambda wildcards, input: (
             "--pairs " + " ".join(shlex.quote(str(f)) for f in input.pairs) if input.pairs else ""),
@@ -62,6 +64,7 @@ rule study_audits:
     params:
         config=CONFIG_FILE,
         out=lambda wildcards, output: os.path.dirname(output[0]),
+        numerics=NUMERICS,  # a numerics change reruns the study
         studies=CFG["studies"]["audits"],
         train=CFG["train"],  # the growth bound over the config's own schedule
         spectral=lambda wildcards, input: f"--spectral {shlex.quote(str(input.spectral))}" if input.spectral else "",
@@ -91,6 +94,7 @@ rule study_solvers:
     params:
         config=CONFIG_FILE,
         out=lambda wildcards, output: os.path.dirname(output[0]),
+        numerics=NUMERICS,  # a numerics change reruns the study
         studies=CFG["studies"]["solvers"],
         train=CFG["train"],  # the capture trainings run the config's model and train section
         model=CFG["model"],

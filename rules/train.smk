@@ -16,6 +16,7 @@ rule train:
         train=lambda wildcards: run_train(wildcards.variant),  # with its grid.train_overrides
         capture=lambda wildcards: run_capture(wildcards.variant, wildcards.seed),
         model=CFG["model"],
+        numerics=NUMERICS,  # a numerics change retrains the run
     log:
         f"{LOGS}/train/{{variant}}/seed{{seed}}.log",
     benchmark:

@@ -20,6 +20,7 @@ from mwm.config import ConfigError, exponent_floats, load_config, validate
 from mwm.data import dataset_dir
 from mwm.launch import ranks_per_run
 from mwm.names import UNCONSTRAINED
+from mwm.numerics import VERSION
 from mwm.paths import inside
 from mwm.runs import RUN_FILES, check_grid, expected_identity, grid_variants, identity_problem, run_config
 from mwm.setaside import foreign_problem, foreign_root, next_marker, retrain_markers
@@ -48,7 +49,7 @@ def test_snakefile_parse_imports_no_torch():
     imported = {line.split()[1] for line in common.splitlines() if line.startswith("from mwm")}
     imported |= {f"mwm.{line.split()[3]}" for line in common.splitlines() if line.startswith("from mwm import")}
     imported.discard("mwm")
-    assert imported == {"mwm.checks", "mwm.config", "mwm.data", "mwm.launch", "mwm.names", "mwm.owner",
+    assert imported == {"mwm.checks", "mwm.config", "mwm.data", "mwm.launch", "mwm.names", "mwm.numerics", "mwm.owner",
                         "mwm.paths", "mwm.runs", "mwm.setaside", "mwm.stages"}, \
         "rules/common.smk imports changed: update PARSE_TIME in this test"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}

@@ -192,3 +192,23 @@ def test_the_rows_for_the_papers_unnumbered_claims_are_computed_and_judged(resul
     assert full.loc["instability.no_nan", "verdict"] == "reproduced"
     # six steps of a tiny model: the attention weights have not grown 10x by the (marked) onsets
     assert full.loc["spectral.growth_precedes", "verdict"] == "not reproduced"
+
+
+def test_a_study_of_other_numerics_is_refused_with_both_versions(results, tmp_path):
+    from mwm.numerics import VERSION
+    from mwm.report.studies import load_studies
+
+    root, _, _ = results
+    folder = tmp_path / "studies"
+    shutil.copytree(root / "results" / "studies" / "tiny", folder)
+    assert load_studies(folder)  # as the studies wrote them: this code's numerics
+    path = folder / "alpha_derived.json"
+    d = json.loads(path.read_text())
+    path.write_text(json.dumps(dict(d, meta=dict(d["meta"], numerics=VERSION - 1))))
+    with pytest.raises(ReportError, match=rf"alpha_derived\.json: made with numerics version {VERSION - 1}; "
+                                          rf"this code's is {VERSION}"):
+        load_studies(folder)
+    del d["meta"]["numerics"]
+    path.write_text(json.dumps(d))
+    with pytest.raises(ReportError, match="no recorded numerics version"):
+        load_studies(folder)

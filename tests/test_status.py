@@ -156,6 +156,23 @@ def test_a_run_that_is_not_the_configs_own_is_flagged_naming_the_keys(cfg, tmp_p
     assert "1 mismatch" in out and "stiefel seed0: trained with settings that are not the config's" in out
 
 
+def test_a_run_of_other_numerics_is_flagged_naming_both_versions(cfg, tmp_path):
+    from mwm.numerics import VERSION
+    from mwm.runs import expected_identity
+
+    cfg, _ = cfg
+    res = tmp_path / "results"
+    own = expected_identity(cfg, "none", 0)
+    _summary(res / "runs" / "st" / "none" / "seed0", status="completed", identity=dict(own, numerics=VERSION - 1))
+    unversioned = {k: v for k, v in own.items() if k != "numerics"}
+    _summary(res / "runs" / "st" / "stiefel" / "seed0", status="completed", identity=unversioned,
+             code_version="0.1.0+abc1234-dirty")
+    got = {(r.variant, r.seed): r for r in status.collect(cfg, res)}
+    assert got["none", 0].status == "mismatch"
+    assert f"made with numerics version {VERSION - 1}; this code's is {VERSION}" in got["none", 0].note
+    assert got["stiefel", 0].status == "mismatch" and "unknown numerics" in got["stiefel", 0].note
+
+
 def test_step_counts_out_of_the_runs_own_max_iters_and_the_solver_study_is_listed(cfg, tmp_path, capsys):
     """A run trained with train.max_iters=20 showed 20/30; the solver study was not listed."""
     cfg, path = cfg

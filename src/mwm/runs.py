@@ -129,11 +129,14 @@ def capture_window(cfg: dict, variant: str, seed: int) -> dict | None:
 
 def run_identity(run_cfg: dict, assignment: str, seed: int, retraction: str) -> dict:
     """What makes a run what it is: ``run_cfg`` (the run's config, :func:`run_config`) sections
-    model, train, data, with assignment, seed and retraction. Its :func:`mwm.config.config_hash`
+    model, train, data, with assignment, seed, retraction and the numerics version
+    (:data:`mwm.numerics.VERSION`). Its :func:`mwm.config.config_hash`
     is the run's ``config_hash`` (checkpoints, summary.json); summary.json also keeps it whole
     (``identity``) so a reader can name the keys in which a run differs from a config."""
+    from .numerics import VERSION
+
     return {"model": run_cfg["model"], "train": run_cfg["train"], "data": run_cfg.get("data"),
-            "assignment": assignment, "seed": seed, "retraction": retraction}
+            "assignment": assignment, "seed": seed, "retraction": retraction, "numerics": VERSION}
 
 
 def config_run_identity(cfg: dict, assignment: str, seed: int, retraction: str | None = None) -> dict:
@@ -180,10 +183,14 @@ def identity_checkable(summary: dict) -> bool:
 def identity_problem(summary: dict, expected: dict) -> str | None:
     """Why a run's summary.json is not the config's own run of ``expected`` (None: it is).
     A summary that records its ``identity`` is compared key by key; an older one (only
-    ``config_hash``) by hash, so its differing keys cannot be named."""
+    ``config_hash``) by hash, so its differing keys cannot be named. A run of other numerics
+    (:func:`mwm.numerics.version_problem`) is refused with that one line."""
     from .config import config_hash
+    from .numerics import version_problem
 
     recorded = summary.get("identity")
+    if isinstance(recorded, dict) and (numerics := version_problem(summary)) is not None:
+        return numerics
     if isinstance(recorded, dict):
         diff = identity_diff(recorded, expected)
         return ("trained with settings that are not the config's: " + "; ".join(diff)) if diff else None

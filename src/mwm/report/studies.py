@@ -38,7 +38,20 @@ def load_studies(folder: str | Path, required: tuple[str, ...] = STUDY_FILES) ->
             out[f] = json.loads((folder / f).read_text()) if f.endswith(".json") else pd.read_csv(folder / f)
         except Exception as exc:  # json or pandas errors
             raise ReportError(f"cannot read {folder / f}: {exc}") from exc
+        if f.endswith("_derived.json"):
+            _check_numerics(folder / f, out[f])
     return out
+
+
+def _check_numerics(path: Path, derived: dict) -> None:
+    """A study made with other numerics than this code's is refused, naming both versions."""
+    from ..numerics import VERSION
+
+    got = (derived.get("meta") or {}).get("numerics") if isinstance(derived, dict) else None
+    if got != VERSION:
+        made = f"numerics version {got}" if got is not None else "no recorded numerics version (older code)"
+        raise ReportError(f"{path}: made with {made}; this code's is {VERSION} (docs/findings.md, Numerics "
+                          f"changes): rerun the study (snakemake reruns it)")
 
 
 def _faithful(st: dict, name: str) -> str | None:

@@ -161,8 +161,11 @@ def read_csv(path: str | Path) -> list[dict[str, str]]:
 def run_meta(section: dict, device: torch.device, wall_s: float, config_path: str | None,
              precisions: Sequence[str] = ("float32",)) -> dict:
     """Provenance block written into every derived JSON."""
+    from ..numerics import VERSION
+
     return {
         "config": config_path,
+        "numerics": VERSION,
         "section_hash": config_hash(section),
         "wall_seconds": round(wall_s, 3),
         "device": str(device),
