@@ -252,8 +252,10 @@ def test_build_groups_by_rule_file_and_shares_outputs(tmp_path, monkeypatch):
     st2 = files[Path("pipelines/ci2/dvc.yaml")]["stages"]
     assert list(st) == ["data-ci", "train-ci"] and list(st2) == ["train-ci2"]  # the dataset belongs to data-ci
     assert st["train-ci"]["params"] == [{CI: ["train", "model", "grid", "studies.solvers.source",
-                                              "studies.solvers.capture_start", "studies.solvers.capture_length"]}]
-    assert "data/d/train.bin" in st2["train-ci2"]["deps"] and "src/mwm/train.py" in st["train-ci"]["deps"]
+                                              "studies.solvers.capture_start", "studies.solvers.capture_length"]},
+                                        {"src/mwm/numerics.py": ["VERSION"]}]
+    assert "data/d/train.bin" in st2["train-ci2"]["deps"] and "rules/train.smk" in st["train-ci"]["deps"]
+    assert "src/mwm/train.py" not in st["train-ci"]["deps"]  # versioned: its numerics, not its code
     assert "src/mwm/data" in st["data-ci"]["deps"] and "src/mwm/schema/data.yaml" in st["data-ci"]["deps"]
     assert "src/mwm/train.py" not in st["data-ci"]["deps"]  # only what the entry point imports
     assert "wdir" not in st["train-ci"] and st2["train-ci2"]["wdir"] == "../.."
@@ -267,13 +269,19 @@ def test_build_groups_by_rule_file_and_shares_outputs(tmp_path, monkeypatch):
 
 def test_code_deps_cover_every_module_a_stage_imports(pristine):
     """Each stage's code deps include every module and subpackage its tracked code imports, even
-    inside a function (the solver study trains, so the studies track mwm.train's code), and no stage tracks the report code but the report."""
+    inside a function, and no stage tracks the report code but the report. The train and study stages
+    track the numerics version instead of their code (a refactor reruns nothing, a numerics change all)."""
     root, _ = pristine
     pkg = root / "src" / "mwm"
     modules = {p.stem for p in pkg.glob("*.py")} | {p.name for p in pkg.iterdir() if (p / "__init__.py").is_file()}
     for path in pipeline_files(root):
         for name, st in yaml.safe_load(path.read_text())["stages"].items():
             code = [d for d in st["deps"] if d.startswith("src/mwm/") and not d.startswith("src/mwm/schema/")]
+            versioned = {"src/mwm/numerics.py": ["VERSION"]} in st.get("params", [])
+            assert versioned == name.startswith(("train-", "studies-")), name
+            if versioned:
+                assert not code, f"{path.name}:{name} tracks code {code[:3]} beside the numerics version"
+                continue
             sources = [p for d in code for p in ([root / d] if d.endswith(".py") else (root / d).rglob("*.py"))]
             used = set()
             for p in sources:
@@ -413,6 +421,49 @@ def test_training_parameter_marks_training_stale(ws):
     finally:
         (root / CI).write_text(old)
     assert "up to date" in run(["dvc", "status", "dvc.yaml"], root, env).stdout
+
+
+def test_a_numerics_bump_reruns_training_and_studies_in_both_tools(ws):
+    """Bumping mwm.numerics.VERSION: DVC sees the param of the train and study stages change (not the
+    data's), and Snakemake plans every run of the grid to be set aside and retrained."""
+    root, env, stages = ws["root"], ws["env"], ws["stages"]
+    path = root / "src" / "mwm" / "numerics.py"
+    old = path.read_text()
+    bumped, n = re.subn(r"^VERSION = (\d+)$", lambda m: f"VERSION = {int(m.group(1)) + 1}", old, count=1, flags=re.M)
+    assert n == 1
+    path.write_text(bumped)
+    try:
+        changed = changed_stages(root, env, ["dvc.yaml"])
+        train = stage_kind(stages, "train")
+        assert {train, stage_kind(stages, "studies")} <= changed and stage_kind(stages, "data") not in changed
+        status = run(["dvc", "status", train], root, env).stdout
+        assert re.search(r"src/mwm/numerics\.py:\s+modified:\s+VERSION\b", status), status
+        dry = run(["snakemake", "--cores", "1", "--configfile", CI, "-n", "all"], root, env)
+        out = dry.stdout + dry.stderr
+        runs = sum(f.endswith("/summary.json") for f in ws["files"])
+        assert runs and len(re.findall(r"^(?:local)?rule set_aside_foreign_run:", out, flags=re.M)) == runs
+        assert out.count("made with numerics version") == runs
+    finally:
+        path.write_text(old)
+    assert "up to date" in run(["dvc", "status", "dvc.yaml"], root, env).stdout
+    assert "Nothing to be done" in run(["snakemake", "--cores", "1", "--configfile", CI, "-n", "all"], root,
+                                       env).stdout
+
+
+def test_a_refactor_reruns_no_training_or_study_in_either_tool(ws):
+    """An edit of the optimizer's code that moves no number (here a comment) leaves the train and study
+    stages up to date in DVC and gives Snakemake nothing to do."""
+    root, env, stages = ws["root"], ws["env"], ws["stages"]
+    path = root / "src" / "mwm" / "optim.py"
+    old = path.read_text()
+    path.write_text(old + "\n# a refactor that moves no number\n")
+    try:
+        changed = changed_stages(root, env, ["dvc.yaml"])
+        assert not changed & {stage_kind(stages, "train"), stage_kind(stages, "studies")}, changed
+        assert "Nothing to be done" in run(["snakemake", "--cores", "1", "--configfile", CI, "-n", "all"], root,
+                                           env).stdout
+    finally:
+        path.write_text(old)
 
 
 def _change_plotting_parameter(root: Path, report: dict) -> tuple[Path, str] | None:

@@ -8,9 +8,12 @@ repository root: ``wdir: ../..``). The jobs come from Snakemake's command line
 
 - ``cmd``:    ``snakemake --cores all --configfile C --allowed-rules <its rules> -- <targets>``
               (other stages' outputs are plain inputs: a stage never reruns another's jobs);
-- ``deps``:   inputs made by other stages, the rule file, the package code the ``python -m mwm...``
-              entry points import (:func:`code_deps`), the schema of each ``params`` section;
-- ``params``: ``C: [sections]`` from :data:`PARAMS`; ``outs``: exactly the jobs' outputs
+- ``deps``:   inputs made by other stages, the rule file, the schema of each ``params`` section,
+              and for the stages that carry no numerics version (data, report) the package code
+              their ``python -m mwm...`` entry points import (:func:`code_deps`);
+- ``params``: ``C: [sections]`` from :data:`PARAMS`, and ``src/mwm/numerics.py: [VERSION]`` where
+              the rule carries it (train, studies: :func:`numerics_rules`), so these rerun on a
+              numerics change, as in Snakemake, and not on a refactor; ``outs``: exactly the jobs' outputs
               (checkpoints ``push: false`` when ``workflow.dvc_push_checkpoints`` is false);
 - top level:  ``metrics:`` every ``summary.json``; ``plots:`` val loss and sigma_max per config.
 
@@ -102,6 +105,23 @@ def rule_files(snakefile: str = SNAKEFILE) -> dict[str, str]:
     for path in [Path(snakefile), *sorted(Path("rules").glob("*.smk"))]:
         for name in re.findall(r"^(?:local)?rule\s+(\w+)\s*:", path.read_text(), flags=re.M):
             found[name] = path.as_posix()
+    return found
+
+
+#: The numerics version, a DVC param where a rule carries it (``numerics=NUMERICS``): a bump reruns
+#: those stages in DVC as in Snakemake.
+NUMERICS_PARAM = {(PACKAGE / "numerics.py").as_posix(): ["VERSION"]}
+
+
+def numerics_rules(snakefile: str = SNAKEFILE) -> set[str]:
+    """The rules whose params carry the numerics version (``numerics=NUMERICS``)."""
+    found = set()
+    for path in [Path(snakefile), *sorted(Path("rules").glob("*.smk"))]:
+        blocks = re.split(r"^(?=(?:local)?rule\s+\w+\s*:)", path.read_text(), flags=re.M)
+        for block in blocks:
+            m = re.match(r"(?:local)?rule\s+(\w+)\s*:", block)
+            if m and re.search(r"^\s+numerics=NUMERICS,", block, flags=re.M):
+                found.add(m.group(1))
     return found
 
 
@@ -245,6 +265,7 @@ def build(configs: list[str], default: str = DEFAULT_CONFIG, jobs_of=snakemake_j
 
     files: dict[Path, dict] = {}
     owner: dict[str, str] = {}  # output -> stage name
+    versioned = numerics_rules()
     for cfg_path in configs:
         cfg_path = Path(os.path.normpath(cfg_path)).as_posix()
         cfg = load_config(cfg_path)
@@ -271,9 +292,11 @@ def build(configs: list[str], default: str = DEFAULT_CONFIG, jobs_of=snakemake_j
             outs_here += outs
             sections = [s for s in PARAMS[kind] if (s in cfg if "." not in s else _file_sets(raw, s))]
             inputs = sorted({i for j in kjobs for i in j.inputs} - set(outs))
-            deps = inputs + code_deps(kind, kjobs) + [
-                (SCHEMA / f"{s}.yaml").as_posix() for s in dict.fromkeys(s.split(".")[0] for s in sections)]
             rules = sorted({j.rule for j in kjobs})
+            # a versioned stage reruns on a numerics change (its param), not on every edit of its code
+            code = sorted({j.rulefile for j in kjobs}) if set(rules) & versioned else code_deps(kind, kjobs)
+            deps = inputs + code + [
+                (SCHEMA / f"{s}.yaml").as_posix() for s in dict.fromkeys(s.split(".")[0] for s in sections)]
             targets = sorted({next(o for o in j.outputs if o in outs) for j in kjobs})
             stage: dict = {"cmd": f"snakemake --cores all --configfile {shlex.quote(cfg_path)} --allowed-rules {' '.join(rules)} -- "
                                   + " ".join(shlex.quote(t) for t in targets)}
@@ -282,6 +305,8 @@ def build(configs: list[str], default: str = DEFAULT_CONFIG, jobs_of=snakemake_j
             stage["deps"] = list(dict.fromkeys(deps))
             if sections:
                 stage["params"] = [{cfg_path: sections}]
+            if set(rules) & versioned:
+                stage.setdefault("params", []).append({k: list(v) for k, v in NUMERICS_PARAM.items()})
             stage["outs"] = [o if push_ckpt or not _is_checkpoint(o) else {o: {"push": False}} for o in outs]
             stages[name] = stage
         content: dict = {"stages": stages}
