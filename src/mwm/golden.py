@@ -14,10 +14,13 @@ Inputs come from NumPy's PCG64 stream (the same numbers on every machine), not f
 samplers, whose vectorized kernels differ between CPUs.
 
 Tolerances (:data:`TOLERANCE`) are on the relative Frobenius distance from the stored output and
-set per arithmetic: far above what one code gives on different CPUs and thread counts (measured by
+set per arithmetic: float64 cases, where rounding is far below any real change, are the sensitive
+ones; float32 and bfloat16 cases guard their own code paths with room for other CPUs' kernels. Each
+is far above what one code gives on different CPUs and thread counts (measured by
 :func:`spread`, which reruns the cases under ``ATEN_CPU_CAPABILITY`` = default / avx2 / avx512,
 ``MKL_ENABLE_INSTRUCTIONS`` = SSE4_2 / AVX2 and one or two threads), and far below what a real
-change moves (a changed coefficient, iteration count or evaluation order: 1e-3 and more).
+change moves (a Polar Express coefficient changed by 1e-3 moves the float32 and float64 cases that use
+it by about 2e-3, the float64 model steps by 3e-5 to 2e-3).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from .numerics import VERSION
 __all__ = ["CASES", "TOLERANCE", "golden_path", "compute", "compare", "spread", "main"]
 
 #: Relative Frobenius tolerance per arithmetic of a case.
-TOLERANCE = {"float64": 1e-9, "float32": 2e-4, "bfloat16": 3e-2}
+TOLERANCE = {"float64": 1e-9, "float32": 1e-3, "bfloat16": 3e-2}
 GOLDEN_DIR = Path(__file__).resolve().parents[2] / "tests" / "golden"
 
 
@@ -71,10 +74,10 @@ def _spread_columns(W: torch.Tensor, spread: float) -> torch.Tensor:
 # -- the cases -----------------------------------------------------------------------------------
 
 
-def _msign(shape, method, precision="float32", seed=11, low_rank=False):
+def _msign(shape, method, precision="float32", seed=11, low_rank=False, dtype=torch.float32):
     from .msign import msign
 
-    G = _low_rank(seed, *shape) if low_rank else _normal(seed, *shape)
+    G = _low_rank(seed, *shape, dtype=dtype) if low_rank else _normal(seed, *shape, dtype=dtype)
     return lambda: msign(G, method=method, precision=precision)
 
 
@@ -142,9 +145,13 @@ def _cases() -> dict[str, tuple[str, Callable[[], torch.Tensor]]]:
     for shape, label in (((24, 8), "tall"), ((8, 8), "square"), ((8, 24), "wide")):
         for method in ("direct", "gram"):
             cases[f"msign/{label}/{method}"] = ("float32", _msign(shape, method))
+            cases[f"msign/{label}/{method}/float64"] = ("float64", _msign(shape, method, dtype=torch.float64))
         cases[f"msign/{label}/bfloat16"] = ("bfloat16", _msign(shape, "direct", "bfloat16"))
     cases["msign/low_rank/gram"] = ("float32", _msign((32, 8), "gram", low_rank=True))
     cases["msign/low_rank/direct"] = ("float32", _msign((32, 8), "direct", low_rank=True))
+    for method in ("direct", "gram"):
+        cases[f"msign/low_rank/{method}/float64"] = ("float64", _msign((32, 8), method, low_rank=True,
+                                                                        dtype=torch.float64))
     for kind in ("dual_ascent", "admm"):
         for mf in ("stiefel", "dgram"):
             for dtype, label in ((torch.float32, "float32"), (torch.float64, "float64")):
