@@ -99,13 +99,17 @@ class Job:
 # --- the Snakemake side -------------------------------------------------------------------
 
 
+def _rule_blocks(snakefile: str = SNAKEFILE):
+    """(rule name, defining file, its text up to the next rule) over the Snakefile and ``rules/*.smk``."""
+    for path in [Path(snakefile), *sorted(Path("rules").glob("*.smk"))]:
+        for block in re.split(r"^(?=(?:local)?rule\s+\w+\s*:)", path.read_text(), flags=re.M):
+            if m := re.match(r"(?:local)?rule\s+(\w+)\s*:", block):
+                yield m.group(1), path.as_posix(), block
+
+
 def rule_files(snakefile: str = SNAKEFILE) -> dict[str, str]:
     """Rule name -> the file defining it (the Snakefile and ``rules/*.smk``)."""
-    found = {}
-    for path in [Path(snakefile), *sorted(Path("rules").glob("*.smk"))]:
-        for name in re.findall(r"^(?:local)?rule\s+(\w+)\s*:", path.read_text(), flags=re.M):
-            found[name] = path.as_posix()
-    return found
+    return {name: path for name, path, _ in _rule_blocks(snakefile)}
 
 
 #: The numerics version, a DVC param where a rule carries it (``numerics=NUMERICS``): a bump reruns
@@ -115,14 +119,8 @@ NUMERICS_PARAM = {(PACKAGE / "numerics.py").as_posix(): ["VERSION"]}
 
 def numerics_rules(snakefile: str = SNAKEFILE) -> set[str]:
     """The rules whose params carry the numerics version (``numerics=NUMERICS``)."""
-    found = set()
-    for path in [Path(snakefile), *sorted(Path("rules").glob("*.smk"))]:
-        blocks = re.split(r"^(?=(?:local)?rule\s+\w+\s*:)", path.read_text(), flags=re.M)
-        for block in blocks:
-            m = re.match(r"(?:local)?rule\s+(\w+)\s*:", block)
-            if m and re.search(r"^\s+numerics=NUMERICS,", block, flags=re.M):
-                found.add(m.group(1))
-    return found
+    return {name for name, _, block in _rule_blocks(snakefile)
+            if re.search(r"^\s+numerics=NUMERICS,", block, flags=re.M)}
 
 
 def snakemake_jobs(configfile: str, snakefile: str = SNAKEFILE, target: str = "all") -> list[Job]:
@@ -294,7 +292,8 @@ def build(configs: list[str], default: str = DEFAULT_CONFIG, jobs_of=snakemake_j
             inputs = sorted({i for j in kjobs for i in j.inputs} - set(outs))
             rules = sorted({j.rule for j in kjobs})
             # a versioned stage reruns on a numerics change (its param), not on every edit of its code
-            code = sorted({j.rulefile for j in kjobs}) if set(rules) & versioned else code_deps(kind, kjobs)
+            is_versioned = bool(set(rules) & versioned)
+            code = sorted({j.rulefile for j in kjobs}) if is_versioned else code_deps(kind, kjobs)
             deps = inputs + code + [
                 (SCHEMA / f"{s}.yaml").as_posix() for s in dict.fromkeys(s.split(".")[0] for s in sections)]
             targets = sorted({next(o for o in j.outputs if o in outs) for j in kjobs})
@@ -305,7 +304,7 @@ def build(configs: list[str], default: str = DEFAULT_CONFIG, jobs_of=snakemake_j
             stage["deps"] = list(dict.fromkeys(deps))
             if sections:
                 stage["params"] = [{cfg_path: sections}]
-            if set(rules) & versioned:
+            if is_versioned:
                 stage.setdefault("params", []).append({k: list(v) for k, v in NUMERICS_PARAM.items()})
             stage["outs"] = [o if push_ckpt or not _is_checkpoint(o) else {o: {"push": False}} for o in outs]
             stages[name] = stage

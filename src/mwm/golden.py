@@ -5,8 +5,8 @@
 
 A change of code that moves one of these outputs beyond float rounding is a numerics change:
 ``tests/test_golden.py`` fails on it until :data:`mwm.numerics.VERSION` is bumped and the file of
-the new version written. Cases (:data:`CASES`): msign (float32 direct and Gram order, the released
-bfloat16 iteration, tall / square / wide / nearly low-rank), dual ascent and ADMM (Stiefel, DGram;
+the new version written. Cases (:data:`CASES`): msign (float32 and float64 in direct and Gram order,
+the released bfloat16 iteration, tall / square / wide / nearly low-rank), dual ascent and ADMM (Stiefel, DGram;
 float32 and float64), every retraction (a DGram weight whose Gram eigh cannot resolve too), one step
 of the model and both optimizers per assignment, the model's loss and the learning-rate schedule.
 
@@ -17,7 +17,7 @@ Tolerances (:data:`TOLERANCE`) are on the relative Frobenius distance from the s
 set per arithmetic: float64 cases, where rounding is far below any real change, are the sensitive
 ones; float32 and bfloat16 cases guard their own code paths with room for other CPUs' kernels. Each
 is far above what one code gives on different CPUs and thread counts (measured by
-:func:`spread`, which reruns the cases under ``ATEN_CPU_CAPABILITY`` = default / avx2 / avx512,
+:func:`spread`, which reruns the cases under ``ATEN_CPU_CAPABILITY`` = default / avx2,
 ``MKL_ENABLE_INSTRUCTIONS`` = SSE4_2 / AVX2 and one or two threads), and far below what a real
 change moves (a Polar Express coefficient changed by 1e-3 moves the float32 and float64 cases that use
 it by about 2e-3, the float64 model steps by 3e-5 to 2e-3).

@@ -189,9 +189,9 @@ def identity_problem(summary: dict, expected: dict) -> str | None:
     from .numerics import version_problem
 
     recorded = summary.get("identity")
-    if isinstance(recorded, dict) and (numerics := version_problem(summary)) is not None:
-        return numerics
     if isinstance(recorded, dict):
+        if (numerics := version_problem(summary)) is not None:
+            return numerics
         diff = identity_diff(recorded, expected)
         return ("trained with settings that are not the config's: " + "; ".join(diff)) if diff else None
     want = config_hash(expected)
