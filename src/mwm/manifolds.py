@@ -27,8 +27,11 @@ DGram has two retractions, chosen by name:
     orthonormal and given back their own norms. It fixes every point of DGram.
 
 Both are computed from the eigendecomposition of the ``n x n`` Gram matrix
-instead of a full SVD of the ``m x n`` matrix; a weight whose Gram spans too many orders of
-magnitude for that (nearly singular) is retracted by SVD in float64 instead.
+instead of a full SVD of the ``m x n`` matrix, in float64 whatever the weight's dtype: the Gram
+squares the weight's condition number, and a float32 Gram's eigh lost ``eps kappa^2`` (up to 1.4e-5
+on the mini model's weights, 10x a float32 SVD's error; ``benchmarks/bench_accuracy.py``), where a
+float64 one is exact to the float32 result's rounding. A weight whose Gram spans too many orders of
+magnitude even for that (nearly singular) is retracted by SVD in float64 instead.
 """
 
 from __future__ import annotations
@@ -80,25 +83,24 @@ def _gram(W: torch.Tensor) -> torch.Tensor:
     return W.mT @ W
 
 
-# eigh resolves eigenvalues to about eps of the largest; past these spreads (float32: the smallest
-# lose more than 1e-4 of their value) a Gram's small eigenvalues and their eigenvectors are noise.
-_EIGH_MAX_SPREAD = {torch.float32: 1e3, torch.float64: 1e10}
+# A float64 eigh resolves eigenvalues to about 1e-16 of the largest; past this spread the smallest
+# lose more than 1e-6 of their value and their eigenvectors turn to noise.
+_EIGH_MAX_SPREAD = 1e10
 
 
 def _too_wide(values: torch.Tensor) -> bool:
-    """Whether any row of ``values`` (..., n) spans more than its dtype's ``_EIGH_MAX_SPREAD``."""
-    limit = _EIGH_MAX_SPREAD.get(values.dtype, 1e3)
-    return not bool((values.amin(-1) * limit >= values.amax(-1)).all())
+    """Whether any row of ``values`` (..., n) spans more than ``_EIGH_MAX_SPREAD``."""
+    return not bool((values.amin(-1) * _EIGH_MAX_SPREAD >= values.amax(-1)).all())
 
 
 def _inv_sqrt_psd(S: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Eigenvalues (ascending) and ``S^{-1/2}`` of a batch of symmetric PSD matrices, or None when the
-    eigenvalue spread is too wide for the dtype (``_EIGH_MAX_SPREAD``): the caller then retracts by
-    SVD in float64 from the weight itself, as the released code does (by SVD).
+    """Eigenvalues (ascending) and ``S^{-1/2}`` of a batch of symmetric PSD float64 matrices, or None
+    when the eigenvalue spread is too wide (``_EIGH_MAX_SPREAD``): the caller then retracts by SVD in
+    float64 from the weight itself, as the released code does (by SVD).
 
-    Why not a float64 eigh of the same Gram: its small eigenvalues carry the Gram's rounding (eps
-    times the largest), and their power -1/2 blows those directions up. A nearly singular weight (a
-    DGram attention c_proj at eta 0.32 in config/sweep.yaml) came back from the eigh retraction with
+    Why not carry on with eigh there: the small eigenvalues carry the Gram's rounding (eps times the
+    largest), and their power -1/2 blows those directions up. A nearly singular weight (a DGram
+    attention c_proj at eta 0.32 in config/sweep.yaml) came back from the eigh retraction with
     sigma_max 1050 where the input had 134, outside the growth bound the paper's argument rests on.
     A Gram with NaN or Inf entries (a diverged weight) raises ``FloatingPointError`` here, before
     LAPACK sees it (its eigh would fail to converge, or return NaN).
@@ -117,20 +119,19 @@ def _inv_sqrt_psd(S: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
 
 
 def _polar_svd(X: torch.Tensor) -> torch.Tensor:
-    """The polar factor ``U V^T`` of a tall batch, by SVD in float64 (the wide-spread fallback)."""
-    U, _, Vh = torch.linalg.svd(X.to(torch.float64), full_matrices=False)
+    """The polar factor ``U V^T`` of a tall batch by SVD (the wide-spread fallback)."""
+    U, _, Vh = torch.linalg.svd(X, full_matrices=False)
     return U @ Vh
 
 
+# Both DGram forms take and return a tall float64 batch (``_retract_dgram`` casts).
 def _retract_dgram_paper(W: torch.Tensor) -> torch.Tensor:
     got = _inv_sqrt_psd(_gram(W))
-    if got is None:  # too wide for an eigh of the Gram: the released code's SVD form, in float64
-        X = W.to(torch.float64)
-        return (_polar_svd(X) * torch.linalg.svdvals(X).unsqueeze(-2)).to(W.dtype)
+    if got is None:  # too wide for an eigh of the Gram: the released code's SVD form
+        return _polar_svd(W) * torch.linalg.svdvals(W).unsqueeze(-2)
     evals, inv_root = got
     sigma_desc = evals.clamp_min(0).sqrt().flip(-1)
-    polar = W @ inv_root.to(W.dtype)
-    return polar * sigma_desc.to(W.dtype).unsqueeze(-2)
+    return (W @ inv_root) * sigma_desc.unsqueeze(-2)
 
 
 def _retract_dgram_colnorm(W: torch.Tensor) -> torch.Tensor:
@@ -138,13 +139,11 @@ def _retract_dgram_colnorm(W: torch.Tensor) -> torch.Tensor:
     d = gram.diagonal(dim1=-2, dim2=-1).clamp_min(torch.finfo(gram.dtype).tiny).sqrt()
     corr = gram / (d.unsqueeze(-1) * d.unsqueeze(-2))  # Gram of the column-normalized W
     got = _inv_sqrt_psd(corr)
-    if got is None:  # too wide: polar(W D^-1) D by SVD, in float64
-        d64 = d.to(torch.float64).unsqueeze(-2)
-        return (_polar_svd(W.to(torch.float64) / d64) * d64).to(W.dtype)
+    if got is None:  # too wide: polar(W D^-1) D by SVD
+        return _polar_svd(W / d.unsqueeze(-2)) * d.unsqueeze(-2)
     _, inv_root = got
     # polar(W D^-1) D = W (D^-1 corr^-1/2 D): one m x n by n x n product
-    right = inv_root.to(W.dtype) / d.unsqueeze(-1) * d.unsqueeze(-2)
-    return W @ right
+    return W @ (inv_root / d.unsqueeze(-1) * d.unsqueeze(-2))
 
 
 def retract_dgram_svd(W: torch.Tensor) -> torch.Tensor:
@@ -202,7 +201,8 @@ def _retract_stiefel(T: torch.Tensor, precision: str, kind: str) -> torch.Tensor
 
 
 def _retract_dgram(T: torch.Tensor, precision: str, kind: str) -> torch.Tensor:
-    return _retract_dgram_paper(T) if kind == "paper" else _retract_dgram_colnorm(T)
+    X = T.to(torch.float64)  # why float64: the module docstring
+    return (_retract_dgram_paper(X) if kind == "paper" else _retract_dgram_colnorm(X)).to(T.dtype)
 
 
 def _retract_oblique(T: torch.Tensor, precision: str, kind: str) -> torch.Tensor:
