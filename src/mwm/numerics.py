@@ -30,7 +30,7 @@ __all__ = ["VERSION", "Change", "HISTORY", "FIRST_VERSIONED", "commit_of", "reco
 
 #: The numerics version of this code. Bump it, with an entry in :data:`HISTORY`, in
 #: ``docs/findings.md`` (Numerics changes) and a rewritten golden file, on a numerics change.
-VERSION = 3
+VERSION = 4
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,10 @@ HISTORY = (
            "Gram-order dual ascent whose result is non-finite or not msign-sized is redone in the direct order",
            "the solver study's e_W_conv / e_A_conv wherever DGram weights are not at unit scale; runs whose "
            "Gram-order solve blew up (they stopped with non-finite weights before)"),
+    Change(4, ("d504046",), "DGram retractions (paper and colnorm) computed in float64 from the float32 weight: "
+           "the float32 Gram's eigh lost eps kappa^2, up to 10x the released float32 SVD's error",
+           "every run with a DGram matrix (dgram, hetero, hetero-inv, hetero-admm and their variants), at float32 "
+           "rounding per step; the alpha, absorption, audit and solver studies wherever they retract a DGram weight"),
 )
 
 #: The first change after which a run's commit alone no longer tells its numerics.
