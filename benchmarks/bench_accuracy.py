@@ -15,9 +15,12 @@ and each against a float64 reference of the same computation (the same iteration
 direct order, retraction by float64 SVD; Stiefel's retraction is msign, so its reference is msign
 in float64). Errors are relative Frobenius distances per matrix, of the step direction ``A`` and of
 the retracted weight ``retract(W - eta A)`` at the config's ``eta`` and at ``eta = 1`` (where the
-direction's error is not hidden by a small step). The retraction forms are also measured alone:
-each DGram form (eigh ``paper`` and ``colnorm``, float32 SVD) and each Stiefel msign order on the
-same float32 input ``W - eta A_ref``, against a float64 SVD (DGram) or float64 msign (Stiefel).
+direction's error is not hidden by a small step), and the absolute difference of the direction's
+alignment with the momentum, tr(U^T A) / ||U||_* (``align``: printed, judged by no rule). The
+retraction forms are also measured alone:
+each DGram form (eigh ``paper`` as ``R``, eigh ``colnorm`` as ``Rc``, each beside the same form by a
+float32 SVD) and each Stiefel msign order on the same float32 input ``W - eta A_ref``, against that
+form by a float64 SVD (DGram) or float64 msign (Stiefel).
 
 ``auto`` is the per-matrix solve in the order ``auto`` picks for the unpadded shape: ``training``
 beside it is what the bank padding does (a padded square matrix is solved in the Gram order).
@@ -132,19 +135,30 @@ def _released_retract(name: str, X: torch.Tensor, retraction: str) -> torch.Tens
     return retract_dgram_svd(X)
 
 
-def _ref_retract(name: str, X64: torch.Tensor, retraction: str) -> torch.Tensor:
+def _svd_retract(X: torch.Tensor, form: str) -> torch.Tensor:
+    """A DGram retraction form by an SVD in ``X``'s own dtype (the released code's way, float32)."""
     from mwm.manifolds import retract_dgram_svd, to_tall
-    from mwm.msign import msign
 
-    if name == "stiefel":
-        return msign(X64, method="direct")
-    if retraction == "paper":
-        return retract_dgram_svd(X64)
-    T, tr = to_tall(X64)
+    if form == "paper":
+        return retract_dgram_svd(X)
+    T, tr = to_tall(X)
     d = T.norm(dim=-2, keepdim=True)
     U, _, Vh = torch.linalg.svd(T / d, full_matrices=False)
     out = (U @ Vh) * d
     return out.mT if tr else out
+
+
+def _ref_retract(name: str, X64: torch.Tensor, retraction: str) -> torch.Tensor:
+    from mwm.msign import msign
+
+    if name == "stiefel":
+        return msign(X64, method="direct")
+    return _svd_retract(X64, retraction)
+
+
+def _alignment(A: torch.Tensor, U64: torch.Tensor) -> float:
+    """tr(U^T A) / ||U||_*: how much of the momentum the step direction takes (1: msign(U))."""
+    return float((U64 * A.double()).sum() / torch.linalg.matrix_norm(U64, "nuc"))
 
 
 #: float32's unit roundoff: the size of the perturbation :func:`_nudged` applies.
@@ -230,6 +244,7 @@ def measure_file(path: Path, src: Source, etas: tuple[float, ...]) -> list[dict]
         row["sensitivity"] = rel(solve(*_nudged(W64, U64), name, f64).A, A["reference"])
         for k in ("training", "auto", "direct", "gram", "released"):
             row[f"A:{k}"] = rel(A[k], A["reference"])
+            row[f"align:{k}"] = abs(_alignment(A[k], U64) - _alignment(A["reference"], U64))
         for eta in etas:
             ref = _ref_retract(name, W64 - eta * A["reference"], retraction)
             row[f"W@{eta:g}:training"] = rel(row.pop(f"W_training@{eta:g}"), ref)
@@ -239,14 +254,14 @@ def measure_file(path: Path, src: Source, etas: tuple[float, ...]) -> list[dict]
                 row[f"W@{eta:g}:released"] = rel(_released_retract(name, W - eta * A["released"], retraction), ref)
             # the retraction forms alone, on one float32 input
             X = (W64 - eta * A["reference"]).float()
-            ref_x = _ref_retract(name, X.double(), retraction)
             if name == "dgram":
-                from mwm.manifolds import retract_dgram_svd
-
-                row[f"R@{eta:g}:eigh-{retraction}"] = rel(mf.retract(X), ref_x)
-                if retraction == "paper":
-                    row[f"R@{eta:g}:svd-float32"] = rel(retract_dgram_svd(X), ref_x)
+                # both forms, whichever the run used: R the paper's, Rc colnorm's (same input)
+                for form, q in (("paper", "R"), ("colnorm", "Rc")):
+                    ref_f = _ref_retract(name, X.double(), form)
+                    row[f"{q}@{eta:g}:eigh-{form}"] = rel(get_manifold(name, form).retract(X), ref_f)
+                    row[f"{q}@{eta:g}:svd-float32"] = rel(_svd_retract(X, form), ref_f)
             else:
+                ref_x = _ref_retract(name, X.double(), retraction)
                 row[f"R@{eta:g}:msign-auto"] = rel(mf.retract(X), ref_x)
                 row[f"R@{eta:g}:msign-direct"] = rel(msign(X, method="direct"), ref_x)
                 row[f"R@{eta:g}:msign-gram"] = rel(msign(X, method="gram"), ref_x)
@@ -276,7 +291,7 @@ def summarize(rows: list[dict]) -> dict:
     held = ("A", "W@1")
     for (manifold, q, path), v in table.items():
         base_key = "released"
-        if q.startswith("R@"):
+        if q.startswith(("R@", "Rc@")):
             if (manifold, q, "released") in table:
                 base = table[(manifold, q, "released")]
             elif (manifold, q, "svd-float32") in table:
@@ -297,12 +312,12 @@ def summarize(rows: list[dict]) -> dict:
 
 
 def print_summary(summary: dict) -> None:
-    print("| manifold | quantity | path | median | max | n | verdict (vs released) |")
+    print("| manifold | quantity | path | median | max | n | verdict (vs released) |  (relative errors)")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for key, v in summary["table"].items():
         verdict = summary["verdicts"].get(key, "")
         manifold, q, path = key.split(" ", 2)
-        print(f"| {manifold} | {q} | {path} | {100 * v['median']:.3f}% | {100 * v['max']:.3f}% | {v['n']} | {verdict} |")
+        print(f"| {manifold} | {q} | {path} | {v['median']:.2e} | {v['max']:.2e} | {v['n']} | {verdict} |")
 
 
 def main(argv=None) -> int:
