@@ -13,15 +13,19 @@ from mwm.launch import ranks_per_run
 from mwm.names import UNCONSTRAINED, parse_variant
 from mwm.numerics import VERSION as NUMERICS
 from mwm.owner import check_owner, claim
-from mwm.paths import inside
+from mwm.paths import CONFIG_ENV, checkout_relative, inside
 from mwm.runs import RESULTS_ROOT, RUN_FILES, capture_variants, capture_window, check_grid, grid_variants, run_config
 from mwm import stages
 from mwm.setaside import RETRAIN_FOLDER, SET_ASIDE_RULE, foreign_problem, foreign_root, next_marker, retrain_markers
 
-# The file the entry points read: the last --configfile, else the default.
-CONFIG_FILE = str(
+# The file the entry points read: the last --configfile, else the default. Snakemake makes it
+# absolute; inside the checkout it is kept relative, so rule params do not change when the checkout moves.
+CONFIG_FILE = checkout_relative(
     workflow.overwrite_configfiles[-1] if workflow.overwrite_configfiles else "config/config.yaml"
 )
+# The data rule reads it from here, not from its params: a dataset's identity is its data section,
+# whichever config asked for it (configs sharing a data folder do not invalidate each other).
+os.environ[CONFIG_ENV] = CONFIG_FILE
 
 
 def _load():

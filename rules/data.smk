@@ -5,8 +5,7 @@ rule prepare_data:
     output:
         DATA_FILES,
     params:
-        config=CONFIG_FILE,
-        data=CFG["data"],
+        data=CFG["data"],  # the dataset's identity; the config file comes from the environment (common.smk)
     log:
         f"{LOGS}/prepare_data.log",
     benchmark:
@@ -17,4 +16,4 @@ rule prepare_data:
     conda:
         "../envs/mwm.yaml"
     shell:
-        "python -m mwm.data prepare --config {params.config:q} --num-proc {threads} > {log:q} 2>&1"
+        f'python -m mwm.data prepare --config "${CONFIG_ENV}" --num-proc {{threads}} > {{log:q}} 2>&1'

@@ -71,3 +71,17 @@ def test_data_folder_stays_inside_data_root(tmp_path):
     from mwm.data import dataset_dir
 
     assert dataset_dir({"corpus": "shakespeare"}, root=tmp_path).parent == tmp_path
+
+
+def test_a_file_of_the_checkout_is_named_relative_to_it_and_one_outside_absolutely(tmp_path):
+    repo, outside = tmp_path / "repo", tmp_path / "other"
+    (repo / "config").mkdir(parents=True)
+    outside.mkdir()
+    assert paths.checkout_relative(repo / "config" / "ci.yaml", root=repo) == os.path.join("config", "ci.yaml")
+    assert paths.checkout_relative(str(repo / "config" / ".." / "config" / "ci.yaml"), root=repo) == \
+        os.path.join("config", "ci.yaml")
+    assert paths.checkout_relative(outside / "x.yaml", root=repo) == str((outside / "x.yaml").resolve())
+    # a moved checkout names its file the same way
+    moved = tmp_path / "moved"
+    repo.rename(moved)
+    assert paths.checkout_relative(moved / "config" / "ci.yaml", root=moved) == os.path.join("config", "ci.yaml")

@@ -45,9 +45,9 @@ def owner_path(root: str | Path, name: str) -> Path:
 
 def config_id(config_file: str | Path) -> str:
     """How the record names a config file: relative to the working directory when inside it."""
-    full = os.path.realpath(config_file)
-    here = os.path.realpath(os.getcwd())
-    return os.path.relpath(full, here) if os.path.commonpath([full, here]) == here else full
+    from .paths import checkout_relative
+
+    return checkout_relative(config_file)
 
 
 def _record(root: str | Path, name: str) -> dict | None:

@@ -19,7 +19,12 @@ from pathlib import Path
 
 from .errors import ConfigError
 
-__all__ = ["UnsafePathError", "NAME_PATTERN", "check_component", "inside", "check_out_root"]
+__all__ = ["UnsafePathError", "NAME_PATTERN", "CONFIG_ENV", "check_component", "inside", "check_out_root",
+           "checkout_relative"]
+
+#: The environment variable through which the workflow hands its config file to the data stage (whose
+#: params hold only the data section, so configs sharing a dataset do not rerun each other's).
+CONFIG_ENV = "MWM_CONFIG_FILE"
 
 #: What a name from a config may look like (the schema uses the same pattern).
 NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
@@ -51,6 +56,13 @@ def inside(parent: str | Path, *parts: object, what: str = "path") -> Path:
     if os.path.commonpath([base, full]) != base or (full == base and parts):
         raise UnsafePathError(f"{what}: {path} is {full}, outside its parent folder {base}")
     return path
+
+
+def checkout_relative(path: str | Path, root: str | Path = ".") -> str:
+    """``path`` relative to ``root`` (the workflow's working directory) when it lies inside it, else
+    absolute: a rule param that names a file of the checkout does not change when the checkout moves."""
+    full, base = os.path.realpath(path), os.path.realpath(root)
+    return os.path.relpath(full, base) if os.path.commonpath([base, full]) == base else full
 
 
 def check_out_root(path: str | Path, what: str = "--out") -> Path:
