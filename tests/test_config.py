@@ -1,6 +1,7 @@
 """mwm.config: bounds before validation (alias bombs, sizes, seeds) and bounded messages."""
 
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -190,3 +191,13 @@ def test_exponent_numbers_are_accepted(tmp_path):
     # a quoted value stays a string (and the schema says where it is wrong)
     with pytest.raises(ConfigError, match="learning_rate"):
         load_config(cfg, ["train.learning_rate='1e-3'"])
+
+
+@pytest.mark.parametrize("key, value", [("train.learning_rate", ".inf"), ("train.muon_lr", ".nan"),
+                                        ("train.weight_decay", ".nan"), ("train.divergence.threshold", ".nan"),
+                                        ("studies.alpha.sizes", "[16, -.inf]")])
+def test_a_non_finite_number_is_refused_naming_file_key_and_value(tmp_path, key, value):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("name: c\n")
+    with pytest.raises(ConfigError, match=rf"c\.yaml:\n  {re.escape(key)}(\.1)?: .*(inf|nan) is not a finite number"):
+        load_config(cfg, [f"{key}={value}"])

@@ -23,6 +23,7 @@ import copy
 import functools
 import hashlib
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any, Iterable
@@ -267,9 +268,26 @@ def _path(err) -> str:
     return ".".join(str(p) for p in err.absolute_path) or "<top level>"
 
 
+def _nonfinite(node: Any, path: tuple = ()) -> Iterable[tuple[str, float]]:
+    """``(dotted key, value)`` of every NaN or infinite number under ``node``. JSON Schema bounds do not
+    catch them (NaN fails no comparison, Inf passes every minimum), and no key of the schema takes one."""
+    if isinstance(node, float) and not math.isfinite(node):
+        yield ".".join(map(str, path)) or "<top level>", node
+    elif isinstance(node, dict):
+        for k, v in node.items():
+            yield from _nonfinite(v, (*path, k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _nonfinite(v, (*path, i))
+
+
 def validate(cfg: dict, source: str = "<config>") -> dict:
     """Validate ``cfg`` (a copy gets the defaults) and return it; raise ConfigError."""
     check_size(cfg, source)  # before anything walks it: copies and messages would expand aliases
+    bad = list(_nonfinite(cfg))
+    if bad:
+        raise ConfigError(f"invalid config {source}:\n" + "\n".join(
+            f"  {key}: {value} is not a finite number (value: {value})" for key, value in bad[:10]))
     cfg = _integers(copy.deepcopy(cfg), load_schema())
     errors = sorted(_Validator(load_schema()).iter_errors(cfg), key=lambda e: list(e.absolute_path))
     if errors:
