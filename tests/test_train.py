@@ -468,3 +468,24 @@ def test_sigint_checkpoints_like_sigterm(tmp_path):
     assert proc.wait(timeout=120) == EXIT_PREEMPTED
     ck = torch.load(out / "checkpoints" / "tiny" / "none" / "seed0" / "ckpt.pt", weights_only=True)
     assert ck["step"] >= 3
+
+
+def test_a_hand_run_is_checked_against_what_it_runs_not_the_grid_s_capture_window(tmp_path, capsys):
+    """The grid captures steps 6-7 of stiefel seed 0 for the solver study; a hand run of 4 steps captures
+    nothing and is no grid run, so that window does not refuse it. The run's own model still is checked."""
+    cfg = fakedata.write_config(tmp_path / "tiny.yaml", train__max_iters=8, train__lr_decay_iters=8,
+                                studies__solvers={"source": "grid", "assignments": ["stiefel"],
+                                                  "capture_start": 6, "capture_length": 2},
+                                grid__assignments=["stiefel"])
+    args = ["--config", str(cfg), "--assignment", "stiefel", "--seed", "0", "--out", str(tmp_path / "o")]
+    assert main([*args, "train.max_iters=4", "train.lr_decay_iters=4"]) == 0
+    assert main([*args, "model.n_head=3"]) == 2
+    assert "tiny.yaml with model.n_head=3: model:" in capsys.readouterr().err
+    # the config file itself still is checked whole
+    bad = fakedata.write_config(tmp_path / "bad.yaml", train__max_iters=6, train__lr_decay_iters=6,
+                                studies__solvers={"source": "grid", "assignments": ["stiefel"],
+                                                  "capture_start": 6, "capture_length": 2},
+                                grid__assignments=["stiefel"])
+    assert main(["--config", str(bad), "--assignment", "stiefel", "--seed", "0", "--out", str(tmp_path / "b"),
+                 "train.max_iters=4"]) == 2
+    assert "capture_start + capture_length = 8 is past train.max_iters 6" in capsys.readouterr().err

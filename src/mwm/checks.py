@@ -21,7 +21,7 @@ from .config import ConfigError
 from .data.splits import check_splits, min_split_tokens
 from .sweep import check_sweep
 
-__all__ = ["check_config", "check_splits", "min_split_tokens"]
+__all__ = ["check_config", "check_run", "check_splits", "min_split_tokens"]
 
 
 def _source(cfg: dict, source: str | None) -> str:
@@ -31,6 +31,17 @@ def _source(cfg: dict, source: str | None) -> str:
 def check_config(cfg: dict, source: str | None = None) -> None:
     """Raise ConfigError (naming ``source``, the key and the value) for a model shape that
     cannot be built or a grid.custom pattern that matches no hidden matrix of it."""
+    where = _source(cfg, source)
+    for name in cfg["grid"]["assignments"]:
+        check_run(cfg, name, where)
+    _check_grid_capture(cfg, where)
+    check_sweep(cfg, where)
+
+
+def check_run(cfg: dict, assignment: str, source: str | None = None) -> None:
+    """What one run of ``assignment`` needs of ``cfg`` (a hand run's, overrides applied): a model
+    shape that can be built and, for a grid.custom assignment, patterns that match its hidden matrices.
+    The grid-wide checks (the solver study's capture window, the sweep) are :func:`check_config`'s."""
     from .layout import check_dims, hidden_matrix_names, match_patterns, model_shape
     from .runs import assignment_spec
 
@@ -41,17 +52,13 @@ def check_config(cfg: dict, source: str | None = None) -> None:
         check_dims(**shape, vocab_size=m["vocab_size"] or 2, block_size=m["block_size"])
     except ValueError as exc:
         raise ConfigError(f"{where}: model: {exc}") from exc
-    hidden = hidden_matrix_names(shape["n_layer"])
-    for name in cfg["grid"]["assignments"]:
-        spec = assignment_spec(cfg["grid"], name)
-        if isinstance(spec, str):
-            continue
-        try:
-            match_patterns(hidden, spec)
-        except ValueError as exc:
-            raise ConfigError(f"{where}: grid.custom.{name}: {exc}") from exc
-    _check_grid_capture(cfg, where)
-    check_sweep(cfg, where)
+    spec = assignment_spec(cfg["grid"], assignment)
+    if isinstance(spec, str):
+        return
+    try:
+        match_patterns(hidden_matrix_names(shape["n_layer"]), spec)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: grid.custom.{assignment}: {exc}") from exc
 
 
 def _check_grid_capture(cfg: dict, where: str) -> None:

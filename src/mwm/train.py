@@ -50,7 +50,7 @@ import torch
 
 from . import __version__
 from .assignments import build_optimizers, nonfinite
-from .checks import check_config
+from .checks import check_config, check_run
 from .config import ConfigError, config_hash, load_config, resolve_device, seed_bound
 from .diagnostics import ATTENTION_COLUMNS, SPECTRAL_COLUMNS, attention_stats, spectral_stats
 from .io import atomic_savez, atomic_torch_save, atomic_write_json
@@ -748,7 +748,9 @@ def main(argv=None) -> int:
             raise ConfigError(f"--assignment {args.assignment}: the colnorm retraction only exists for assignments "
                               f"that use DGram; {assignment!r} does not (train {assignment!r} instead)")
         base = load_config(args.config) if args.overrides else cfg  # the config file's own settings
-        check_config(cfg, source=args.config)
+        check_config(base, source=args.config)  # the file as the workflow checks it
+        if args.overrides:  # the run itself, as overridden (a hand run is no grid run: no grid-wide checks)
+            check_run(cfg, assignment, source=f"{args.config} with {' '.join(args.overrides)}")
         out = out_root(args, base, cfg, assignment, retraction)
         if int(os.environ.get("RANK", "0")) == 0:
             claim(out, base, args.config)  # the results of base's name belong to this config file
