@@ -29,6 +29,14 @@ os.environ[CONFIG_ENV] = CONFIG_FILE
 
 
 def _load():
+    given = dict(workflow.config_settings.config or {})
+    if given:  # before validation: a --config value would otherwise read as a type error in the file
+        raise WorkflowError(
+            f"--config {' '.join(sorted(given))} on the command line is refused: the entry points "
+            f"(training, studies, report) read the config file itself ({CONFIG_FILE}), so a value given "
+            "only to Snakemake would make the two disagree. Put the setting in a config file (a copy with "
+            "its own name) and pass it with --configfile"
+        )
     try:
         cfg = load_config(CONFIG_FILE)
         check_grid(cfg["grid"])

@@ -420,3 +420,14 @@ def test_tiny_mechanism_config_runs_end_to_end(tmp_path):
     assert len(sol) and sol.alignment_converged.between(0, 1 + 1e-5).all()
     sp = pd.read_csv(tmp_path / "results" / "runs" / "ci-mechanism" / "dgram-mlpcap-eta0.02" / "seed0" / "spectral.csv")
     assert float(sp[sp.module == "mlp"].sigma_max.max()) <= 4.0 * (1 + 1e-4)
+
+
+@pytest.mark.skipif(not HAS_SNAKEMAKE, reason="snakemake not installed")
+def test_a_config_value_on_the_command_line_is_refused_as_such(tmp_path):
+    repo = repo_copy(tmp_path / "repo")
+    proc = snakemake_in(repo, "--configfile", "config/ci.yaml", "--dry-run", "--nolock", "--cores", "1",
+                        "--config", "train={'learning_rate': 0.1}")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "--config train on the command line is refused" in out and "--configfile" in out, out[-2000:]
+    assert "is not of type" not in out
