@@ -254,3 +254,20 @@ def test_cli_prints_the_stage_split_and_the_eta(cfg, tmp_path, capsys):
     assert "finished jobs per stage" in out and re.search(r"^train\s+1\s+1m40s\s+1m35s\s+100%", out, re.M)
     assert re.search(r"^ETA for the whole DAG: \d+m\d\ds \(", out, re.M)  # 8 runs at 100 s, 1 job at once
     assert status.main(argv + ["--jobs", "0"]) == 2 and "--jobs must be at least 1" in capsys.readouterr().err
+
+
+def test_no_results_folder_is_said_and_a_closed_pipe_ends_quietly(cfg, tmp_path, capsys):
+    import subprocess
+    import sys
+
+    cfg, path = cfg
+    assert status.main(["--config", str(path), "--results", str(tmp_path / "nowhere")]) == 0
+    assert "no results found: " in capsys.readouterr().out
+    # many seeds: the table outgrows the pipe's buffer, so `| head -1` closes it while status writes
+    raw = yaml.safe_load(path.read_text())
+    raw["grid"]["seeds"] = list(range(400))
+    path.write_text(yaml.safe_dump(raw))
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    proc = subprocess.run(f"{sys.executable} -m mwm.status --config {path} --results {tmp_path} | head -1",
+                          shell=True, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert proc.stdout.startswith("config st") and proc.stderr == "", proc.stderr[-2000:]

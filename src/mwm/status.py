@@ -37,6 +37,7 @@ import csv
 import io
 import json
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -328,6 +329,10 @@ def main(argv: list[str] | None = None) -> int:
     counts = {s: sum(r.status == s for r in runs) for s in dict.fromkeys(r.status for r in runs)}
     print(f"config {cfg['name']} ({a.config}): {len(runs)} runs, "
           + ", ".join(f"{n} {s}" for s, n in counts.items()))
+    found = Path(a.results) / "runs" / cfg["name"]
+    if not found.is_dir():  # run from another folder, or before any run: say so, not just "pending"
+        print(f"no results found: {found} does not exist here ({Path.cwd()}); run from the repository root "
+              "or pass --results")
     print(format_table(runs))
     for r in runs:
         if r.note:
@@ -349,5 +354,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _main_to_pipe(argv: list[str] | None = None) -> int:
+    """:func:`main`, quiet when its reader goes away (``mwm.status | head``)."""
+    try:
+        return main(argv)
+    except BrokenPipeError:
+        sys.stderr.close()  # nothing more can be said; keep Python's exit from printing a traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_main_to_pipe())
