@@ -489,3 +489,31 @@ def test_a_hand_run_is_checked_against_what_it_runs_not_the_grid_s_capture_windo
     assert main(["--config", str(bad), "--assignment", "stiefel", "--seed", "0", "--out", str(tmp_path / "b"),
                  "train.max_iters=4"]) == 2
     assert "capture_start + capture_length = 8 is past train.max_iters 6" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("drop", ["opt_shares", "config_hash", "step", "sampler", "muon", "a model weight"])
+def test_a_checkpoint_short_of_a_key_is_a_one_line_error_naming_it(tmp_path, fake_data, capsys, monkeypatch, drop):
+    from mwm.runs import RunFolder
+    from mwm.train import Run
+
+    cfg = load_config(fakedata.write_config(tmp_path / "tiny.yaml"))
+    run = Run(cfg, "none", 0, "paper", tmp_path / "out")
+    run.open_logs(0)
+    run.step = 4
+    run.save_checkpoint()
+    ck = torch.load(run.ckpt_path, weights_only=True)
+    assert set(ck) == set(Run.CHECKPOINT_KEYS)  # the list the check reads is what a checkpoint holds
+    if drop == "a model weight":
+        del ck["model"][next(iter(ck["model"]))]
+    elif drop == "muon":
+        del ck["optimizers"]["muon"]
+    else:
+        del ck[drop]
+    torch.save(ck, run.ckpt_path)
+    monkeypatch.setattr(RunFolder, "logs_reach", lambda self, step: True)  # as if the run had logged to step 4
+    rc, _ = fakedata.run_main(tmp_path)
+    err = capsys.readouterr().err
+    assert rc == 2 and "ckpt.pt" in err and "delete it to start the run afresh" in err, err
+    assert err.count("\n") == 1  # one line, no traceback
+    if drop not in ("a model weight", "muon"):
+        assert f"lacks {drop}" in err

@@ -426,6 +426,7 @@ class Run:
             raise ConfigError(f"checkpoint {self.ckpt_path} cannot be loaded as weights only ({type(exc).__name__}: "
                               f"{str(exc).splitlines()[0] if str(exc) else ''}); it is damaged or not written by "
                               f"mwm.train: delete it to start the run afresh") from exc
+        self._check_checkpoint(ck)
         if not self.folder.logs_reach(ck["step"]) and self.folder.restore_mirror():
             self.log("run logs missing or short (a retried job); restored them from the checkpoint's copy")
         if not self.folder.logs_reach(ck["step"]):
@@ -439,8 +440,25 @@ class Run:
                 f"checkpoint {self.ckpt_path} belongs to a different configuration; "
                 "delete it or restore the config it was written with"
             )
-        self.load_state_dict(ck)
+        try:
+            self.load_state_dict(ck)
+        except (KeyError, RuntimeError, TypeError, ValueError) as exc:  # a model or optimizer that does not fit
+            raise ConfigError(f"checkpoint {self.ckpt_path} does not fit this run ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); it is damaged or was written by "
+                              "other code: delete it to start the run afresh") from exc
         return self.step
+
+    #: What every checkpoint holds (:meth:`state_dict`'s keys).
+    CHECKPOINT_KEYS = ("step", "model", "optimizers", "last_val", *DivergenceMonitor.KEYS, "step_times",
+                       "opt_shares", "rng_torch", "sampler", "rng_cuda", "config_hash")
+
+    def _check_checkpoint(self, ck) -> None:
+        """A ConfigError naming the file and what it lacks, for a checkpoint short of any key."""
+        missing = list(self.CHECKPOINT_KEYS) if not isinstance(ck, dict) else [
+            k for k in self.CHECKPOINT_KEYS if k not in ck]
+        if missing:
+            raise ConfigError(f"checkpoint {self.ckpt_path} lacks {', '.join(missing)}: it is damaged or was written "
+                              "by other code; delete it to start the run afresh")
 
     # -- evaluation -----------------------------------------------------------------------
     @torch.no_grad()
