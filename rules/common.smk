@@ -23,8 +23,8 @@ from mwm.setaside import RETRAIN_FOLDER, SET_ASIDE_RULE, foreign_problem, foreig
 CONFIG_FILE = checkout_relative(
     workflow.overwrite_configfiles[-1] if workflow.overwrite_configfiles else "config/config.yaml"
 )
-# The data rule reads it from here, not from its params: a dataset's identity is its data section,
-# whichever config asked for it (configs sharing a data folder do not invalidate each other).
+# The data job reads it from here, not from its params, since a dataset's identity is its data
+# section, whichever config asked for it (configs sharing a data folder do not invalidate each other).
 os.environ[CONFIG_ENV] = CONFIG_FILE
 
 
