@@ -201,3 +201,12 @@ def test_a_non_finite_number_is_refused_naming_file_key_and_value(tmp_path, key,
     cfg.write_text("name: c\n")
     with pytest.raises(ConfigError, match=rf"c\.yaml:\n  {re.escape(key)}(\.1)?: .*(inf|nan) is not a finite number"):
         load_config(cfg, [f"{key}={value}"])
+
+
+def test_a_config_name_too_long_for_a_folder_is_refused_naming_the_key(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("name: " + "a" * 300 + "\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml:\n  name: .*too long"):
+        load_config(cfg)
+    cfg.write_text("name: " + "a" * config.MAX_NAME_LENGTH + "\n")
+    assert load_config(cfg)["name"] == "a" * config.MAX_NAME_LENGTH

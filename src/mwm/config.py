@@ -96,6 +96,9 @@ def _integers(value: Any, schema: dict) -> Any:
 #: aliases are expanded (mappings, lists and scalars counted; the largest shipped config
 #: has a few hundred) and its nesting. Nine levels of nine aliases expand to 387M nodes.
 MAX_CONFIG_BYTES = 1_000_000
+#: A config name becomes folder names (and, with a variant and a seed, file names in logs): a file
+#: system takes 255 bytes a name, so a longer one would fail only when its first job starts.
+MAX_NAME_LENGTH = 100
 MAX_CONFIG_NODES = 100_000
 MAX_CONFIG_DEPTH = 64
 
@@ -237,7 +240,7 @@ def _compose_schema() -> dict:
         "type": "object",
         "additionalProperties": False,
         "properties": {
-            "name": {"type": "string", "pattern": NAME_PATTERN,
+            "name": {"type": "string", "pattern": NAME_PATTERN, "maxLength": MAX_NAME_LENGTH,
                      "description": "config name; results land under results/.../<name>/ (a plain folder "
                                     "name: no '/', not starting with '.' or '-')"},
             **props,
