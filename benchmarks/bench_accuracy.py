@@ -188,6 +188,8 @@ def measure_file(path: Path, src: Source, etas: tuple[float, ...]) -> list[dict]
 
     cfg = load_config(str(ROOT / src.config), list(src.overrides))
     z = np.load(path)
+    if "captured" in z and not bool(z["captured"]):
+        raise SystemExit(f"{path} holds no pairs: {z['reason']}")
     names = [str(n) for n in z["names"]]
     pairs = {n: (torch.from_numpy(z[f"W_{i}"]), torch.from_numpy(z[f"G_{i}"])) for i, n in enumerate(names)}
     rows = {n: {"source": src.label, "capture": path.stem, "name": n, "shape": list(pairs[n][0].shape)}
