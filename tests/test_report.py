@@ -212,3 +212,17 @@ def test_a_study_of_other_numerics_is_refused_with_both_versions(results, tmp_pa
     path.write_text(json.dumps(d))
     with pytest.raises(ReportError, match="no recorded numerics version"):
         load_studies(folder)
+
+
+def test_a_report_folder_that_cannot_be_written_is_a_one_line_error(tmp_path, capsys, monkeypatch):
+    import mwm.report.__main__ as entry
+
+    def refuse(cfg, results, out):
+        raise PermissionError(13, "Permission denied", str(out / "ledger.csv"))
+
+    monkeypatch.setattr(entry, "build", refuse)
+    rc = entry.main(["--config", str(fakedata.ROOT / "config" / "ci.yaml"), "--results", str(tmp_path),
+                     "--out", str(tmp_path / "pf")])
+    err = capsys.readouterr().err
+    assert rc == 1 and err.count("\n") == 1, err
+    assert "cannot write the report: Permission denied" in err and "ledger.csv" in err

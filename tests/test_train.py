@@ -517,3 +517,17 @@ def test_a_checkpoint_short_of_a_key_is_a_one_line_error_naming_it(tmp_path, fak
     assert err.count("\n") == 1  # one line, no traceback
     if drop not in ("a model weight", "muon"):
         assert f"lacks {drop}" in err
+
+
+def test_a_results_folder_that_cannot_be_written_is_a_one_line_error(tmp_path, fake_data, capsys, monkeypatch):
+    """Root writes into read-only folders, so the OS's refusal is planted where the run takes its lock."""
+    import mwm.lock
+
+    def refuse(self, folder, *a, **k):
+        raise PermissionError(13, "Permission denied", str(folder))
+
+    monkeypatch.setattr(mwm.lock.RunLock, "__init__", refuse)
+    rc, d = fakedata.run_main(tmp_path)
+    err = capsys.readouterr().err
+    assert rc == 1 and err.count("\n") == 1, err
+    assert "cannot write the run: Permission denied" in err and str(d) in err and "Traceback" not in err

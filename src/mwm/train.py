@@ -52,6 +52,7 @@ from . import __version__
 from .assignments import build_optimizers, nonfinite
 from .checks import check_config, check_run
 from .config import ConfigError, config_hash, load_config, resolve_device, seed_bound
+from .errors import write_failure
 from .diagnostics import ATTENTION_COLUMNS, SPECTRAL_COLUMNS, attention_stats, spectral_stats
 from .io import atomic_savez, atomic_torch_save, atomic_write_json
 from .launch import launch, ranks_per_run, worker_exit, worker_started
@@ -776,6 +777,9 @@ def main(argv=None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # claiming the results folder: read-only, full
+        print(f"error: {write_failure(exc, 'the results folder')} (--out)", file=sys.stderr)
+        return 1
     if nproc > 1 and "WORLD_SIZE" not in os.environ:
         rest = ["--config", args.config, "--assignment", args.assignment, "--seed", str(args.seed),
                 "--out", str(out), *(["--retraction", args.retraction] if args.retraction else []),
@@ -784,7 +788,12 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     worker_started()
-    return worker_exit(train(cfg, assignment, args.seed, retraction, out))
+    try:
+        rc = train(cfg, assignment, args.seed, retraction, out)
+    except OSError as exc:  # the run's folder or lock before training (a run's own failures are train's)
+        print(f"error: {write_failure(exc, 'the run')} (--out)", file=sys.stderr)
+        rc = 1
+    return worker_exit(rc)
 
 
 def out_root(args, base: dict, cfg: dict, assignment: str, retraction: str | None) -> Path:

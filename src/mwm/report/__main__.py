@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from ..config import ConfigError, load_config
+from ..errors import write_failure
 from ..owner import check_owner
 from ..paths import inside
 from ..runs import check_grid
@@ -67,6 +68,9 @@ def main(argv=None) -> int:
     except (ConfigError, ReportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a read-only or full paper_figures/: one line, not a traceback
+        print(f"error: {write_failure(exc, 'the report')} (--out)", file=sys.stderr)
+        return 1
     print(f"wrote {out}")
     return 0
 
