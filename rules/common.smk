@@ -101,6 +101,15 @@ onstart:
     claim(RESULTS_ROOT, CFG, CONFIG_FILE)  # a real run (not a dry run) records the name's config file
 
 
+# Snakemake locks the folder while a DAG runs and refuses a second one, suggesting --unlock, which would
+# break the first. Say what to do before that (not in the jobs of a run, which see its own lock).
+_LOCKS = os.path.join(".snakemake", "locks")
+if not (workflow.remote_exec or workflow.subprocess_exec) and os.path.isdir(_LOCKS) and os.listdir(_LOCKS):
+    print(f"mwm: a Snakemake run holds this folder ({_LOCKS}). Several configs run in one DAG after another, or "
+          "in separate checkouts that share data/ (docs/running.md, 'Several configs'). Use --unlock only when "
+          "no Snakemake runs here (a killed run leaves its lock behind).", file=sys.stderr)
+
+
 def foreign_runs():
     """``{(variant, seed): why}`` for every finished run of the grid whose summary is not the config's own."""
     out = {}

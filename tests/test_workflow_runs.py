@@ -432,3 +432,17 @@ def test_a_config_value_on_the_command_line_is_refused_as_such(tmp_path):
     assert proc.returncode != 0
     assert "--config train on the command line is refused" in out and "--configfile" in out, out[-2000:]
     assert "is not of type" not in out
+
+
+@pytest.mark.skipif(not HAS_SNAKEMAKE, reason="snakemake not installed")
+def test_a_locked_folder_is_explained_before_snakemake_suggests_unlock(tmp_path):
+    repo = repo_copy(tmp_path / "repo")
+    locks = repo / ".snakemake" / "locks"
+    locks.mkdir(parents=True)
+    (locks / "0.input.lock").write_text("")
+    proc = snakemake_in(repo, "--configfile", "config/ci.yaml", "--dry-run", "--cores", "1", "all")
+    out = proc.stdout + proc.stderr
+    assert "a Snakemake run holds this folder" in out and "Several configs" in out, out[-2000:]
+    (locks / "0.input.lock").unlink()
+    quiet = snakemake_in(repo, "--configfile", "config/ci.yaml", "--dry-run", "--cores", "1", "all")
+    assert "holds this folder" not in quiet.stdout + quiet.stderr
