@@ -428,6 +428,22 @@ def test_verdict_is_cached_by_size_and_mtime(prepared, monkeypatch):
     assert TokenDataset(folder).verify_cached() is True and calls == ["train", "val"]
 
 
+def test_a_bin_altered_with_its_mtime_put_back_is_hashed_again(prepared):
+    from mwm.data import DataError, TokenDataset
+
+    folder, _ = prepared
+    assert TokenDataset(folder).verify_cached() is True
+    path = folder / "train.bin"
+    st = path.stat()
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 1  # same size, its mtime restored below: only the change time moves
+    path.write_bytes(bytes(raw))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_mtime_ns == st.st_mtime_ns
+    with pytest.raises(DataError, match="train.bin: "):  # its hash, or an id outside the vocabulary
+        TokenDataset(folder).verify_cached()
+
+
 def test_edited_vocab_size_in_meta_is_refused(prepared, capsys):
     from mwm.data.__main__ import main as data_main
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -86,6 +87,16 @@ def read_meta(folder: Path) -> dict:
             raise DataError(f"{path}: splits.{split} lacks file/bytes/tokens/sha256")
     _cross_check(path, meta)
     return meta
+
+
+#: What a verified bin must still show to skip hashing it again. The inode's change time is one key
+#: no edit, copy or ``touch`` can restore (an edit with its mtime put back changes it), so a file
+#: altered in place is hashed again; a moved checkout (a rename updates it) is hashed once more.
+_FILE_KEY = ("size", "mtime_ns", "ctime_ns", "inode")
+
+
+def _file_key(st: os.stat_result) -> dict:
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "inode": st.st_ino}
 
 
 class TokenDataset:
@@ -167,8 +178,7 @@ class TokenDataset:
         if got != entry["sha256"]:
             raise DataError(f"{path}: sha256 {got} differs from meta.json's {entry['sha256']}: "
                             f"the file was altered; prepare it again")
-        st = path.stat()
-        return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": got, "max_id": top}
+        return {**_file_key(path.stat()), "sha256": got, "max_id": top}
 
     def verify_checksums(self) -> dict:
         """Read both bins in full: SHA-256 against meta.json and every id inside the
@@ -188,15 +198,15 @@ class TokenDataset:
 
     def verify_cached(self) -> bool:
         """:meth:`verify_checksums` once per data folder: skipped (returns False) while
-        ``.verified.json`` matches meta.json's hash and each bin's size and mtime."""
+        ``.verified.json`` matches meta.json's hash and each bin's :func:`_file_key`."""
         try:
             cached = json.loads((self.folder / VERIFIED_NAME).read_text())
             fresh = cached["meta"] == self._verdict_key()
             for split in SPLITS:
                 st = (self.folder / self.meta["splits"][split]["file"]).stat()
                 c = cached["splits"][split]
-                fresh = fresh and (c["size"], c["mtime_ns"], c["sha256"]) == (
-                    st.st_size, st.st_mtime_ns, self.meta["splits"][split]["sha256"]) and c["max_id"] < self.vocab_size
+                fresh = (fresh and {k: c[k] for k in _FILE_KEY} == _file_key(st)
+                         and c["sha256"] == self.meta["splits"][split]["sha256"] and c["max_id"] < self.vocab_size)
         except (OSError, ValueError, KeyError, TypeError):
             fresh = False
         if not fresh:
