@@ -8,7 +8,7 @@ from snakemake.exceptions import WorkflowError
 
 from mwm.checks import check_config, check_splits
 from mwm.config import ConfigError, load_config
-from mwm.data import dataset_dir
+from mwm.data import DataError, TokenDataset, dataset_dir
 from mwm.launch import ranks_per_run
 from mwm.names import UNCONSTRAINED, parse_variant
 from mwm.numerics import VERSION as NUMERICS
@@ -86,6 +86,26 @@ except ConfigError as exc:
     raise WorkflowError(str(exc))
 DATA = str(dataset_dir(CFG["data"]))
 DATA_FILES = [f"{DATA}/{f}" for f in stages.STAGES["data"].outputs]
+
+
+def _check_data():
+    """A prepared data folder is judged here, before any job: found inside each training job, a
+    damaged bin would fail it after Snakemake had deleted that run's outputs. The verdict is cached
+    (mwm.data's .verified.json), so only a changed bin is hashed again."""
+    if workflow.remote_exec or workflow.subprocess_exec or _meta(dataset_dir(CFG["data"]) / "meta.json") is None:
+        return  # a job's entry point checks its own data; a folder not made yet is the data job's
+    try:
+        ds = TokenDataset(DATA)
+        if not ds.verified():
+            print(f"mwm: verifying {DATA} (sha256 of its bins, once after each change)", file=sys.stderr)
+            ds.verify_cached()
+    except DataError as exc:
+        raise WorkflowError(f"{exc}. Found before any job ran, so no run was deleted: delete {DATA}/ and run "
+                            "again (the data job prepares it anew and the runs trained on it are retrained)")
+
+
+_check_data()
+
 RUN_VARIANTS = grid_variants(CFG["grid"])  # every trained variant (mwm.names.variant_name)
 SEEDS = CFG["grid"]["seeds"]
 RUNS = f"{RESULTS_ROOT}/runs/{NAME}"

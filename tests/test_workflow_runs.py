@@ -446,3 +446,33 @@ def test_a_locked_folder_is_explained_before_snakemake_suggests_unlock(tmp_path)
     (locks / "0.input.lock").unlink()
     quiet = snakemake_in(repo, "--configfile", "config/ci.yaml", "--dry-run", "--cores", "1", "all")
     assert "holds this folder" not in quiet.stdout + quiet.stderr
+
+
+@pytest.mark.skipif(not HAS_SNAKEMAKE, reason="snakemake not installed")
+def test_a_damaged_data_bin_is_refused_before_any_job_deletes_a_run(tmp_path):
+    """A byte flipped in train.bin (mtime restored or not) stops the workflow at load, naming the file
+    and the fix, before Snakemake deletes a finished run's outputs to retrain it on the damaged tokens."""
+    from mwm.data import dataset_dir
+
+    repo = repo_copy(tmp_path / "repo")
+    cfg = write_config(repo, "damaged")
+    run = "results/runs/damaged/stiefel/seed0/summary.json"
+    done = snakemake_in(repo, "--configfile", cfg.name, "--cores", "2", run)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    train_bin = repo / dataset_dir(load_config(cfg)["data"]) / "train.bin"
+    st = train_bin.stat()
+    raw = bytearray(train_bin.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    train_bin.write_bytes(bytes(raw))
+    for restore_mtime in (True, False):
+        if restore_mtime:
+            os.utime(train_bin, ns=(st.st_atime_ns, st.st_mtime_ns))
+        else:
+            os.utime(train_bin)  # newer than the run: Snakemake would plan to retrain it
+        for extra in (("--dry-run",), ("--keep-going",)):
+            proc = snakemake_in(repo, "--configfile", cfg.name, "--cores", "2", *extra, run)
+            out = proc.stdout + proc.stderr
+            assert proc.returncode != 0, out[-3000:]
+            assert f"{train_bin.relative_to(repo)}: " in out and "no run was deleted" in out, out[-3000:]
+            assert "rule train" not in out, out[-3000:]
+            assert (repo / run).is_file()

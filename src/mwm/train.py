@@ -97,7 +97,7 @@ def resolve_data(cfg: dict):
     if not (folder / "meta.json").exists():
         raise ConfigError(f"data folder {folder} has no meta.json; run `python -m mwm.data prepare --config ...` first")
     ds = TokenDataset(folder)
-    if ds.verify_cached():  # checksums and id range, once per data folder (cached by size+mtime)
+    if ds.verify_cached():  # checksums and id range, once per data folder (cached)
         print(f"verified {folder}: checksums and token ids", flush=True)
     return ds
 

@@ -8,7 +8,8 @@ replaced file is caught at once). :meth:`TokenDataset.verify_checksums` reads bo
 bins in full: SHA-256 against ``meta.json`` and every id below ``vocab_size`` (an
 error names the file and the offset). :meth:`TokenDataset.verify_cached` (what
 training calls) does the same once per data folder and caches the verdict in
-``.verified.json`` keyed by each bin's size and mtime and by meta.json's hash.
+``.verified.json`` keyed by each bin's size, mtime, inode and inode change time and by
+meta.json's hash.
 """
 
 from __future__ import annotations
@@ -196,9 +197,9 @@ class TokenDataset:
         except OSError:  # a read-only data folder: verified every time instead
             pass
 
-    def verify_cached(self) -> bool:
-        """:meth:`verify_checksums` once per data folder: skipped (returns False) while
-        ``.verified.json`` matches meta.json's hash and each bin's :func:`_file_key`."""
+    def verified(self) -> bool:
+        """Whether ``.verified.json`` still vouches for both bins: meta.json's hash and each bin's
+        :func:`_file_key`, checksum and largest id as they were when last hashed."""
         try:
             cached = json.loads((self.folder / VERIFIED_NAME).read_text())
             fresh = cached["meta"] == self._verdict_key()
@@ -208,10 +209,16 @@ class TokenDataset:
                 fresh = (fresh and {k: c[k] for k in _FILE_KEY} == _file_key(st)
                          and c["sha256"] == self.meta["splits"][split]["sha256"] and c["max_id"] < self.vocab_size)
         except (OSError, ValueError, KeyError, TypeError):
-            fresh = False
-        if not fresh:
-            self._write_verdict(self.verify_checksums())
-        return not fresh
+            return False
+        return fresh
+
+    def verify_cached(self) -> bool:
+        """:meth:`verify_checksums` once per data folder: skipped (returns False) while
+        :meth:`verified`, else run and its verdict cached."""
+        if self.verified():
+            return False
+        self._write_verdict(self.verify_checksums())
+        return True
 
     def __repr__(self) -> str:
         c = self.meta.get("corpus", {}).get("name", "?")
