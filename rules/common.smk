@@ -7,7 +7,7 @@ import sys
 from snakemake.exceptions import WorkflowError
 
 from mwm.checks import check_config, check_splits
-from mwm.config import ConfigError, load_config
+from mwm.config import PLANNED_ENV, ConfigError, load_config, planned_stamp
 from mwm.data import DataError, TokenDataset, dataset_dir
 from mwm.launch import ranks_per_run
 from mwm.names import UNCONSTRAINED, parse_variant
@@ -78,6 +78,9 @@ def validated_snakemake_config():
 
 
 CFG = _load()
+if not (workflow.remote_exec or workflow.subprocess_exec):
+    # every job (SLURM ones through sbatch --export=ALL) refuses the file if it is edited from now on
+    os.environ[PLANNED_ENV] = planned_stamp(CONFIG_FILE, CFG)
 NAME = CFG["name"]
 try:  # the schema already refuses such names; a path from the config never leaves its parent
     for _parent in ("results/runs", "results/studies", "results/checkpoints", "logs", "paper_figures"):

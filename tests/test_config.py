@@ -210,3 +210,23 @@ def test_a_config_name_too_long_for_a_folder_is_refused_naming_the_key(tmp_path)
         load_config(cfg)
     cfg.write_text("name: " + "a" * config.MAX_NAME_LENGTH + "\n")
     assert load_config(cfg)["name"] == "a" * config.MAX_NAME_LENGTH
+
+
+def test_a_config_edited_after_the_workflow_planned_it_is_refused(tmp_path, monkeypatch):
+    path = tmp_path / "planned.yaml"
+    path.write_text("train:\n  max_iters: 40\n")
+    other = tmp_path / "other.yaml"
+    other.write_text("train:\n  max_iters: 30\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(config.PLANNED_ENV, config.planned_stamp(path, load_config(path)))
+    assert load_config(path)["train"]["max_iters"] == 40
+    assert load_config(path, ["train.max_iters=7"])["train"]["max_iters"] == 7  # a job's own overrides
+    assert load_config(other)["train"]["max_iters"] == 30  # only the planned file is held to its plan
+    path.write_text("# a comment\ntrain: {max_iters: 40}\n")
+    assert load_config("planned.yaml")["train"]["max_iters"] == 40  # same settings, another spelling
+    path.write_text("train:\n  max_iters: 41\n")
+    with pytest.raises(ConfigError, match="planned.yaml was edited after the workflow planned this job"):
+        load_config("planned.yaml")
+    monkeypatch.setenv(config.PLANNED_ENV, "not json")
+    with pytest.raises(ConfigError, match=f"environment variable {config.PLANNED_ENV} is not what"):
+        load_config(path)

@@ -12,11 +12,13 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
+import re
 import shlex
 import shutil
 from fakedata import HAS_SNAKEMAKE, repo_copy, snakemake_in
@@ -476,3 +478,39 @@ def test_a_damaged_data_bin_is_refused_before_any_job_deletes_a_run(tmp_path):
             assert f"{train_bin.relative_to(repo)}: " in out and "no run was deleted" in out, out[-3000:]
             assert "rule train" not in out, out[-3000:]
             assert (repo / run).is_file()
+
+
+@pytest.mark.skipif(not HAS_SNAKEMAKE, reason="snakemake not installed")
+def test_a_config_edited_while_its_dag_runs_starts_no_job_on_the_edit(tmp_path):
+    """Snakemake records a job's settings when it plans it; a job started after the config file was
+    edited refuses it, so no run trains on settings its record does not show (a later DAG would
+    retrain it)."""
+    repo = repo_copy(tmp_path / "repo")
+    train = {**BASE["train"], "max_iters": 600, "lr_decay_iters": 600, "eval_interval": 300,
+             "checkpoint_interval": 300, "log_interval": 100}
+    cfg = write_config(repo, "edited", train=train, grid={"assignments": ["stiefel"], "seeds": [0, 1]})
+    from mwm.data import dataset_dir
+
+    meta = str(dataset_dir(load_config(cfg)["data"]) / "meta.json")
+    prep = snakemake_in(repo, "--configfile", cfg.name, "--cores", "1", meta)
+    assert prep.returncode == 0, (prep.stdout + prep.stderr)[-3000:]
+    runs = [repo / f"results/runs/edited/stiefel/seed{s}/summary.json" for s in (0, 1)]
+    env = {k: v for k, v in os.environ.items() if k != "SNAKEMAKE_PROFILE"}
+    env["PYTHONPATH"] = str(repo / "src")
+    dag = subprocess.Popen([sys.executable, "-m", "snakemake", "--configfile", cfg.name, "--cores", "1",
+                            "--keep-going", *(str(r.relative_to(repo)) for r in runs)],
+                           cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    logs = [repo / f"logs/edited/train/stiefel/seed{s}.log" for s in (0, 1)]
+    deadline = time.monotonic() + 300
+    while not any(f.is_file() and "parameters;" in f.read_text() for f in logs):  # its config is read
+        assert dag.poll() is None and time.monotonic() < deadline, dag.communicate()[0][-3000:]
+        time.sleep(0.05)
+    cfg.write_text(cfg.read_text().replace("max_iters: 600", "max_iters: 500"))
+    out = dag.communicate(timeout=300)[0]
+    assert dag.returncode != 0, out[-3000:]
+    assert sum(r.is_file() for r in runs) == 1, out[-3000:]
+    refused = "".join(f.read_text() for f, r in zip(logs, runs) if not r.is_file())
+    assert f"config file {cfg.name} was edited after the workflow planned this job" in refused, refused[-2000:]
+    plan = snakemake_in(repo, "--configfile", cfg.name, "--cores", "1", "--dry-run", *(str(r.relative_to(repo)) for r in runs))
+    planned = plan.stdout + plan.stderr
+    assert plan.returncode == 0 and re.search(r"^train\s+2$", planned, re.M), planned[-3000:]

@@ -24,6 +24,7 @@ import functools
 import hashlib
 import json
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any, Iterable
@@ -33,7 +34,7 @@ from jsonschema import Draft202012Validator, validators
 
 from . import names
 from .errors import ConfigError
-from .paths import NAME_PATTERN
+from .paths import NAME_PATTERN, checkout_relative
 
 __all__ = [
     "ConfigError",
@@ -48,6 +49,8 @@ __all__ = [
     "schema_node",
     "seed_bound",
     "defaults",
+    "PLANNED_ENV",
+    "planned_stamp",
 ]
 
 SCHEMA_DIR = Path(__file__).with_name("schema")
@@ -342,7 +345,35 @@ def load_config(path: str | Path, overrides: Iterable[str] = ()) -> dict:
     if not isinstance(raw, dict):
         raise ConfigError(f"config file {path} must hold a mapping at top level, got {type(raw).__name__}")
     raw.setdefault("name", path.stem)
+    if os.environ.get(PLANNED_ENV):
+        _check_planned(path, validate(copy.deepcopy(raw), source=str(path)))
     return validate(apply_overrides(raw, overrides), source=str(path))
+
+
+#: Set by the workflow when it loads a config: the file and the hash of its settings then. Snakemake
+#: records a job's settings when it plans it, but the job reads the file when it starts: a file
+#: edited in between would train on settings Snakemake never recorded, and the next DAG would retrain.
+PLANNED_ENV = "MWM_PLANNED_CONFIG"
+
+
+def planned_stamp(path: str | Path, cfg: dict) -> str:
+    """The :data:`PLANNED_ENV` value for a config file as loaded (``cfg``, no overrides)."""
+    return json.dumps({"file": checkout_relative(path), "hash": config_hash(cfg)})
+
+
+def _check_planned(path: Path, cfg: dict) -> None:
+    """Refuse a config file whose settings differ from those the workflow planned its jobs with."""
+    try:
+        planned = json.loads(os.environ[PLANNED_ENV])
+        file, digest = planned["file"], planned["hash"]
+    except (ValueError, KeyError, TypeError):
+        raise ConfigError(f"environment variable {PLANNED_ENV} is not what the workflow sets "
+                          f"({os.environ[PLANNED_ENV][:80]!r}); unset it") from None
+    if file == checkout_relative(path) and digest != config_hash(cfg):
+        raise ConfigError(
+            f"config file {path} was edited after the workflow planned this job from it: it would run with "
+            "settings Snakemake did not record, so nothing was run. When the edit is done, run snakemake again: "
+            "it plans the jobs the edit affects")
 
 
 def config_hash(section: Any) -> str:
