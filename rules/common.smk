@@ -13,7 +13,8 @@ from mwm.launch import ranks_per_run
 from mwm.names import UNCONSTRAINED, parse_variant
 from mwm.numerics import VERSION as NUMERICS
 from mwm.owner import check_owner, claim
-from mwm.paths import CONFIG_ENV, checkout_relative, inside
+from mwm.dvcgen import PERSISTENT, stage_name
+from mwm.paths import CONFIG_ENV, checkout_relative, inside, leads_out
 from mwm.runs import RESULTS_ROOT, RUN_FILES, capture_variants, capture_window, check_grid, grid_variants, run_config
 from mwm import stages
 from mwm.setaside import RETRAIN_FOLDER, SET_ASIDE_RULE, foreign_problem, foreign_root, next_marker, retrain_markers
@@ -113,6 +114,28 @@ RUN_VARIANTS = grid_variants(CFG["grid"])  # every trained variant (mwm.names.va
 SEEDS = CFG["grid"]["seeds"]
 RUNS = f"{RESULTS_ROOT}/runs/{NAME}"
 STUDIES = f"{RESULTS_ROOT}/studies/{NAME}"
+
+
+def _check_dvc_stage():
+    """Under `dvc repro` (DVC names the stage in DVC_STAGE): a stage whose outputs' folder leads out of
+    the repository (a symlinked data/ or results/) is refused before it runs; DVC, unable to git-ignore
+    them there, would fail only after it. The data stage's outputs persist, so DVC deleted none of them."""
+    stage = os.environ.get("DVC_STAGE", "").rpartition(":")[2]
+    if not stage or workflow.remote_exec or workflow.subprocess_exec:
+        return
+    folders = {"data": DATA, "train": RUNS, "studies": STUDIES, "report": f"paper_figures/{NAME}"}
+    for kind, folder in folders.items():
+        real = leads_out(f"{folder}/-", os.environ.get("DVC_ROOT", ".")) if stage == stage_name(kind, NAME) else None
+        if real:
+            kept = "nothing was deleted" if kind in PERSISTENT else "DVC removed the stage's outputs before this"
+            raise WorkflowError(
+                f"DVC stage {stage}: {folder} is {real}, outside the repository, where DVC cannot track files (it "
+                f"would fail after the stage ran); refused before any job ({kept}). Keep the folder inside the "
+                "repository and put DVC's cache on the scratch disk (docs/dvc.md, 'Data on scratch'), or run "
+                "this config with snakemake alone")
+
+
+_check_dvc_stage()
 
 
 def study_outputs(*names):

@@ -621,3 +621,30 @@ def test_without_snakemake_on_path_generation_is_one_line_naming_it(monkeypatch,
     assert dvcgen.main(["--check"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "snakemake is not on PATH" in err and "Traceback" not in err
+
+
+def test_a_data_folder_linked_out_of_the_repository_is_refused_before_dvc_deletes_it(tmp_path):
+    """DVC cannot git-ignore outputs whose folder leads out of the repository and fails after the stage
+    ran; the data stage's outputs persist and the workflow refuses the stage first, so the data stays."""
+    root = tmp_path / "repo"
+    copy_repo(root)
+    env = make_env(root)
+    init_workspace(root, env)
+    scratch = tmp_path / "scratch" / "data"
+    scratch.parent.mkdir()
+    shutil.move(str(root / "data"), str(scratch))
+    (root / "data").symlink_to(scratch, target_is_directory=True)
+    stages = yaml.safe_load((root / "pipelines" / "ci" / "dvc.yaml").read_text())["stages"]
+    data_files = [out_path(o) for o in stages[stage_kind(stages, "data")]["outs"]]
+    run([sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", CI, "--", *data_files], root, env)
+    before = {f: (root / f).stat().st_mtime_ns for f in data_files}
+
+    repro = run(["dvc", "repro", "pipelines/ci/dvc.yaml"], root, env, check=False)
+    out = repro.stdout + repro.stderr
+    assert repro.returncode != 0 and ran_stages(repro) == [f"pipelines/ci/dvc.yaml:{stage_kind(stages, 'data')}"], out[-3000:]
+    assert "outside the repository" in out and "nothing was deleted" in out, out[-3000:]
+    assert {f: (root / f).stat().st_mtime_ns for f in data_files} == before
+
+    synced = run([sys.executable, "-m", "mwm.dvcgen", "sync", "--config", CI], root, env, check=False)
+    assert synced.returncode == 1 and "outside the repository" in synced.stderr, synced.stderr[-2000:]
+    assert "nothing pulled" in synced.stderr

@@ -85,3 +85,16 @@ def test_a_file_of_the_checkout_is_named_relative_to_it_and_one_outside_absolute
     moved = tmp_path / "moved"
     repo.rename(moved)
     assert paths.checkout_relative(moved / "config" / "ci.yaml", root=moved) == os.path.join("config", "ci.yaml")
+
+
+def test_leads_out_finds_a_folder_linked_out_of_the_root(tmp_path):
+    from mwm.paths import leads_out
+
+    root, scratch = tmp_path / "repo", tmp_path / "scratch"
+    (root / "results").mkdir(parents=True)
+    scratch.mkdir()
+    (root / "data").symlink_to(scratch, target_is_directory=True)
+    assert leads_out(root / "data" / "set" / "train.bin", root) == str(scratch / "set")  # not made yet
+    assert leads_out(root / "results" / "runs" / "x.json", root) is None
+    (root / "results" / "runs").symlink_to(root / "results", target_is_directory=True)  # inside: fine
+    assert leads_out(root / "results" / "runs" / "x.json", root) is None

@@ -14,7 +14,8 @@ repository root: ``wdir: ../..``). The jobs come from Snakemake's command line
 - ``params``: ``C: [sections]`` from :data:`PARAMS`, and ``src/mwm/numerics.py: [VERSION]`` where
               the rule carries it (train, studies: :func:`numerics_rules`), so these rerun on a
               numerics change, as in Snakemake, and not on a refactor; ``outs``: exactly the jobs' outputs
-              (checkpoints ``push: false`` when ``workflow.dvc_push_checkpoints`` is false);
+              (checkpoints ``push: false`` when ``workflow.dvc_push_checkpoints`` is false; the data
+              stage's ``persist: true``, :data:`PERSISTENT`);
 - top level:  ``metrics:`` every ``summary.json``; ``plots:`` val loss and sigma_max per config.
 
     python -m mwm.dvcgen                 # write dvc.yaml and pipelines/*/dvc.yaml (config/*.yaml)
@@ -45,6 +46,7 @@ from pathlib import Path
 import yaml
 
 from .io import atomic_write_text
+from .paths import leads_out
 from .stages import STAGES, rule_file_sections
 
 __all__ = ["Job", "snakemake_jobs", "build", "render", "generate", "check", "sync", "main"]
@@ -63,6 +65,11 @@ SCHEMA = PACKAGE / "schema"
 PARAMS = {rf: rule_file_sections(rf) for rf in dict.fromkeys(st.rule_file for st in STAGES.values())}
 #: Outputs that are checkpoints (large; kept out of ``dvc push`` by ``workflow.dvc_push_checkpoints``).
 CHECKPOINTS = ("*.pt",)
+#: Rule files whose outputs DVC leaves in place when it reruns their stage (``persist``): Snakemake
+#: decides what to remake, as without DVC, and refuses at load what DVC could not track afterwards (a
+#: ``data/`` linked out of the repository) before anything is deleted. Tokenized data is hours at
+#: paper scale.
+PERSISTENT = ("data",)
 #: Outputs listed under top-level ``metrics:``.
 METRICS = ("summary.json",)
 #: Plots per config: (plot id prefix, file name of the outputs it reads, plot properties).
@@ -251,6 +258,12 @@ def pipeline_file(config_name: str, default: bool) -> Path:
     return Path(DVC_YAML) if default else PIPELINES / config_name / DVC_YAML
 
 
+def _out_entry(path: str, push: bool, persist: bool):
+    """A ``dvc.yaml`` ``outs`` entry: the bare path unless an option differs from DVC's default."""
+    opts = {**({} if push else {"push": False}), **({"persist": True} if persist else {})}
+    return {path: opts} if opts else path
+
+
 def _is_checkpoint(path: str) -> bool:
     return any(fnmatch.fnmatch(Path(path).name, pat) for pat in CHECKPOINTS)
 
@@ -306,7 +319,7 @@ def build(configs: list[str], default: str = DEFAULT_CONFIG, jobs_of=snakemake_j
                 stage["params"] = [{cfg_path: sections}]
             if is_versioned:
                 stage.setdefault("params", []).append({k: list(v) for k, v in NUMERICS_PARAM.items()})
-            stage["outs"] = [o if push_ckpt or not _is_checkpoint(o) else {o: {"push": False}} for o in outs]
+            stage["outs"] = [_out_entry(o, push_ckpt or not _is_checkpoint(o), kind in PERSISTENT) for o in outs]
             stages[name] = stage
         content: dict = {"stages": stages}
         outs_here.sort()
@@ -489,6 +502,11 @@ def sync(configs: list[str], remote: str | None = None, pull: bool = True, cores
             return 1
         path, stages = found
         outs = [_out_path(o) for st in stages.values() for o in st.get("outs", [])]
+        linked = next(((p, real) for p, _ in outs if (real := leads_out(p))), None)
+        if linked:  # DVC would fetch, then fail to git-ignore the file there
+            print(f"error: {linked[0]} lies in {linked[1]}, outside the repository, where DVC cannot check out "
+                  f"or track files; nothing pulled or touched (docs/dvc.md, 'Data on scratch')", file=sys.stderr)
+            return 1
         if pull:
             problems = pull_problems(path, remote)
             if problems:  # before dvc pull, which would report "Everything is up to date" and fail each path

@@ -20,7 +20,7 @@ from pathlib import Path
 from .errors import ConfigError
 
 __all__ = ["UnsafePathError", "NAME_PATTERN", "CONFIG_ENV", "check_component", "inside", "check_out_root",
-           "checkout_relative"]
+           "checkout_relative", "leads_out"]
 
 #: The environment variable through which the workflow hands its config file to the data stage (whose
 #: params hold only the data section, so configs sharing a dataset do not rerun each other's).
@@ -63,6 +63,14 @@ def checkout_relative(path: str | Path, root: str | Path = ".") -> str:
     absolute: a rule param that names a file of the checkout does not change when the checkout moves."""
     full, base = os.path.realpath(path), os.path.realpath(root)
     return os.path.relpath(full, base) if os.path.commonpath([base, full]) == base else full
+
+
+def leads_out(path: str | Path, root: str | Path = ".") -> str | None:
+    """Where the folder holding ``path`` really is, when that lies outside ``root`` (a symlinked
+    ``data/`` on a scratch disk), else None. DVC git-ignores each output in that folder and fails for
+    one outside the repository, after running its stage."""
+    real, base = os.path.realpath(os.path.dirname(os.path.abspath(path))), os.path.realpath(root)
+    return None if os.path.commonpath([base, real]) == base else real
 
 
 def check_out_root(path: str | Path, what: str = "--out") -> Path:
