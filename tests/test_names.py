@@ -16,12 +16,13 @@ ROOT = Path(__file__).resolve().parents[1]
 # What the Snakefile and rules/common.smk import, and the parse-time calls they make.
 PARSE_TIME = """
 import sys
-from mwm.config import ConfigError, exponent_floats, load_config, validate
-from mwm.data import dataset_dir
+from mwm.config import PLANNED_ENV, ConfigError, exponent_floats, load_config, planned_stamp, validate
+from mwm.data import DataError, TokenDataset, dataset_dir
+from mwm.dvcgen import PERSISTENT, stage_name
 from mwm.launch import ranks_per_run
 from mwm.names import UNCONSTRAINED
 from mwm.numerics import VERSION
-from mwm.paths import inside
+from mwm.paths import checkout_relative, inside, leads_out
 from mwm.runs import RUN_FILES, check_grid, expected_identity, grid_variants, identity_problem, run_config
 from mwm.setaside import foreign_problem, foreign_root, next_marker, retrain_markers
 from mwm.checks import check_config, check_splits
@@ -40,6 +41,9 @@ foreign_problem(cfg, "/nonexistent", "dgram-colnorm", 0)
 foreign_root("/nonexistent", cfg["name"])
 retrain_markers("/nonexistent", cfg["name"], "none", "0")
 next_marker("/nonexistent", cfg["name"], "none", "0")
+planned_stamp("config/ci.yaml", cfg)
+stage_name("data", cfg["name"])
+leads_out("data/x/train.bin")
 print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
 """
 
@@ -49,7 +53,7 @@ def test_snakefile_parse_imports_no_torch():
     imported = {line.split()[1] for line in common.splitlines() if line.startswith("from mwm")}
     imported |= {f"mwm.{line.split()[3]}" for line in common.splitlines() if line.startswith("from mwm import")}
     imported.discard("mwm")
-    assert imported == {"mwm.checks", "mwm.config", "mwm.data", "mwm.launch", "mwm.names", "mwm.numerics", "mwm.owner",
+    assert imported == {"mwm.checks", "mwm.config", "mwm.data", "mwm.dvcgen", "mwm.launch", "mwm.names", "mwm.numerics", "mwm.owner",
                         "mwm.paths", "mwm.runs", "mwm.setaside", "mwm.stages"}, \
         "rules/common.smk imports changed: update PARSE_TIME in this test"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
