@@ -70,11 +70,17 @@ def test_run_evaluates_logs_checkpoints_and_resumes(tmp_path, monkeypatch):
     real = Run.should_stop
     monkeypatch.setattr(Run, "should_stop", lambda self: self.step == 6 or real(self))
     assert train(cfg, cut) == EXIT_PREEMPTED
+    ckpt, = cut.rglob("ckpt.pt")
+    rng = torch.load(ckpt, map_location="cpu", weights_only=True)["rng_cuda"]
+    # the run's own GPU only, so a retry on a node that shows fewer GPUs can restore it
+    assert (isinstance(rng, torch.Tensor) and rng.dtype == torch.uint8) if ON_GPU else rng is None
     monkeypatch.setattr(Run, "should_stop", real)
     assert train(cfg, cut) == 0
     ref, d = run_dir(tmp_path / "ref"), run_dir(cut)
     s = json.loads((d / "summary.json").read_text())
     assert s["status"] == "completed" and s["steps_done"] == 12 and s["device"].startswith(DEVICE.split(":")[0])
+    final = torch.load(d / "final.pt", weights_only=True)  # no map_location: loads on a host without a GPU
+    assert final and all(t.device.type == "cpu" for t in final.values())
     a, b = eval_rows(ref), eval_rows(d)
     assert [r[0] for r in a] == [r[0] for r in b] == [0, 4, 8, 12]  # the same evaluation steps
     if ON_GPU:

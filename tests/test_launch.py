@@ -13,8 +13,8 @@ from mwm.config import ConfigError
 from mwm.launch import LAUNCH_DIR_ENV, launch, main, ranks_per_run, worker_exit
 
 
-def wf(gpu=0, ranks=None):
-    return {"workflow": {"resources": {"train": {"gpu": gpu}}, "ranks_per_run": ranks}}
+def wf(gpu=0, ranks=None, accum=4):
+    return {"workflow": {"resources": {"train": {"gpu": gpu}}, "ranks_per_run": ranks}, "train": {"grad_accum": accum}}
 
 
 def test_ranks_follow_the_gpus_unless_set():
@@ -24,6 +24,13 @@ def test_ranks_follow_the_gpus_unless_set():
     assert ranks_per_run(wf(gpu=2, ranks=2)) == 2
     with pytest.raises(ConfigError, match="ranks_per_run=3 but workflow.resources.train.gpu=2"):
         ranks_per_run(wf(gpu=2, ranks=3))
+
+
+def test_ranks_must_share_the_step_s_micro_batches():
+    with pytest.raises(ConfigError, match=r"train.grad_accum=1 .* multiple of the 2 ranks"):
+        ranks_per_run(wf(gpu=2, accum=1))
+    with pytest.raises(ConfigError, match=r"train.grad_accum=6 .* multiple of the 4 ranks"):
+        ranks_per_run(wf(gpu=0, ranks=4, accum=6))
 
 
 class FakeTorchrun:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import fakedata
-from mwm.config import load_config
+from mwm.config import ConfigError, load_config
 from mwm.train import EXIT_PREEMPTED, DivergenceMonitor, Run, main
 import pickle
 
@@ -186,8 +186,8 @@ DDP_GRID = {"custom": {"ddp": {"*.attn.c_attn.*": "stiefel", "*.mlp.*": "dgram"}
 def test_two_ranks_equal_one_rank(tmp_path):
     common = dict(train__max_iters=4, train__lr_decay_iters=4, train__eval_interval=4, grid__custom=DDP_GRID["custom"],
                   grid__assignments=DDP_GRID["assignments"])
-    cfg1 = fakedata.write_config(tmp_path / "one.yaml", train__grad_accum=2, **common)
-    cfg2 = fakedata.write_config(tmp_path / "two.yaml", train__grad_accum=1, **common)
+    # one config: grad_accum counts the step's micro-batches over all ranks, as the released code
+    cfg1 = cfg2 = fakedata.write_config(tmp_path / "one.yaml", train__grad_accum=2, **common)
     r1 = subprocess.run(fakedata.child_cmd(cfg1, tmp_path / "r1", "ddp"), capture_output=True, text=True)
     assert r1.returncode == 0, r1.stderr[-3000:]
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -200,7 +200,11 @@ def test_two_ranks_equal_one_rank(tmp_path):
     for k in a:
         assert torch.allclose(a[k], b[k], atol=2e-5, rtol=1e-4), k
     s = json.loads((tmp_path / "r2" / "runs" / "tiny" / "ddp" / "seed0" / "summary.json").read_text())
-    assert s["world_size"] == 2
+    assert s["world_size"] == 2 and s["grad_accum_per_rank"] == 1
+    m1, m2 = (csv_cols(tmp_path / r / "runs" / "tiny" / "ddp" / "seed0" / "metrics.csv", ["train_loss", "tokens_per_s"])
+              for r in ("r1", "r2"))
+    for (l1, _), (l2, _) in zip(m1, m2):  # the same loss trajectory, within rounding
+        assert math.isclose(float(l1), float(l2), rel_tol=1e-5), (m1, m2)
     # each rank measures the solves it computed; rank 0 writes them all
     one, two = (csv_cols(tmp_path / r / "runs" / "tiny" / "ddp" / "seed0" / "solver.csv", ["step", "name"])
                 for r in ("r1", "r2"))
@@ -531,3 +535,50 @@ def test_a_results_folder_that_cannot_be_written_is_a_one_line_error(tmp_path, f
     err = capsys.readouterr().err
     assert rc == 1 and err.count("\n") == 1, err
     assert "cannot write the run: Permission denied" in err and str(d) in err and "Traceback" not in err
+
+
+def test_grad_accum_that_the_ranks_cannot_share_is_refused_before_training(tmp_path, capsys):
+    from mwm.launch import accum_per_rank
+
+    assert accum_per_rank({"grad_accum": 8}, 4) == 2 and accum_per_rank({"grad_accum": 3}, 1) == 3
+    cfg = load_config(fakedata.write_config(tmp_path / "tiny.yaml", train__grad_accum=3))
+    with pytest.raises(ConfigError, match=r"train.grad_accum=3 .* multiple of the\s+2 ranks"):
+        Run(cfg, "hetero", 0, "paper", tmp_path / "out", rank=0, world=2)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_multi_rank_run_from_before_the_split_batch_is_not_the_config_s():
+    from mwm.runs import identity_problem
+
+    from mwm.numerics import VERSION
+
+    expected = {"a": 1, "numerics": VERSION}
+    new = {"identity": expected, "world_size": 2, "grad_accum_per_rank": 1}
+    assert identity_problem(new, expected) is None
+    old = {k: v for k, v in new.items() if k != "grad_accum_per_rank"}
+    assert "trained on 2 ranks when each rank took the config's whole grad_accum" in identity_problem(old, expected)
+    assert identity_problem({**old, "world_size": 1}, expected) is None
+
+
+def test_a_run_gives_back_the_signal_handlers_it_replaced(tmp_path):
+    mine = lambda signum, frame: None  # noqa: E731
+    before = {sig: signal.signal(sig, mine) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
+    try:
+        rc, _ = run_inprocess(tmp_path, train__max_iters=2, train__lr_decay_iters=2, train__eval_interval=2)
+        assert rc == 0
+        assert all(signal.getsignal(sig) is mine for sig in before)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def test_a_gpu_without_native_bfloat16_is_refused_naming_the_keys():
+    from mwm.train import check_bfloat16
+
+    dev = torch.device("cuda", 0)
+    with pytest.raises(ConfigError, match=r"train.dtype=bfloat16, train.msign_precision=bfloat16: cuda:0 .* no native"):
+        check_bfloat16({"dtype": "bfloat16", "msign_precision": "bfloat16"}, dev, native=False)
+    with pytest.raises(ConfigError, match=r"^train.msign_precision=bfloat16:"):
+        check_bfloat16({"dtype": "float32", "msign_precision": "bfloat16"}, dev, native=False)
+    check_bfloat16({"dtype": "float32", "msign_precision": "float32"}, dev, native=False)
+    check_bfloat16({"dtype": "bfloat16", "msign_precision": "bfloat16"}, dev, native=True)

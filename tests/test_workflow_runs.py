@@ -113,7 +113,7 @@ def test_two_ranks_through_snakemake_equal_one_rank_and_resume_after_kill(tmp_pa
     wf = {**BASE["workflow"], "resources": {**BASE["workflow"]["resources"],
                                             "train": {"threads": 2, "mem_mb": 500, "runtime": 5}}}
     one = write_config(tmp_path, "one", train={**LONG, "grad_accum": 2}, grid=DDP, workflow=wf)
-    two = write_config(tmp_path, "two", train=LONG, grid=DDP, workflow={**wf, "ranks_per_run": 2})
+    two = write_config(tmp_path, "two", train={**LONG, "grad_accum": 2}, grid=DDP, workflow={**wf, "ranks_per_run": 2})
     target = "results/runs/{}/ddp/seed0/summary.json"
 
     dry = snakemake(tmp_path, two, target.format("two"), "-n")

@@ -192,6 +192,10 @@ def identity_problem(summary: dict, expected: dict) -> str | None:
     if isinstance(recorded, dict):
         if (numerics := version_problem(summary)) is not None:
             return numerics
+        world = summary.get("world_size", 1)
+        if isinstance(world, int) and world > 1 and "grad_accum_per_rank" not in summary:
+            return (f"trained on {world} ranks when each rank took the config's whole grad_accum, so its steps "
+                    f"held {world}x the config's tokens (docs/findings.md, Numerics changes)")
         diff = identity_diff(recorded, expected)
         return ("trained with settings that are not the config's: " + "; ".join(diff)) if diff else None
     want = config_hash(expected)

@@ -55,7 +55,7 @@ from .config import ConfigError, config_hash, load_config, resolve_device, seed_
 from .errors import write_failure
 from .diagnostics import ATTENTION_COLUMNS, SPECTRAL_COLUMNS, attention_stats, spectral_stats
 from .io import atomic_savez, atomic_torch_save, atomic_write_json
-from .launch import launch, ranks_per_run, worker_exit, worker_started
+from .launch import accum_per_rank, launch, ranks_per_run, worker_exit, worker_started
 from .model import GPT, SIZES, GPTConfig
 from .names import RETRACTIONS, parse_variant, uses_dgram, variant_name
 from .quality import QUALITY_COLUMNS, quality_rows
@@ -294,7 +294,27 @@ def resolve_train_device(tc: dict, world: int) -> torch.device:
     if dev.type == "cuda":  # cuda:N: the current device, so autocast, syncs and kernels use it
         dev = torch.device("cuda", dev.index if dev.index is not None else torch.cuda.current_device())
         torch.cuda.set_device(dev)
+        check_bfloat16(tc, dev)
     return dev
+
+
+def check_bfloat16(tc: dict, dev: torch.device, native=None) -> None:
+    """Refuse, before training, a GPU without native bfloat16 (a V100) for a run that computes in it
+    (``train.dtype`` or ``train.msign_precision``): autocast would raise at the first step, on every
+    retry. ``native`` (testing) stands in for the device's answer."""
+    keys = [k for k in ("dtype", "msign_precision") if tc.get(k) == "bfloat16"]
+    if not keys:
+        return
+    if native is None:
+        try:
+            with torch.cuda.device(dev):
+                native = torch.cuda.is_bf16_supported(including_emulation=False)
+        except TypeError:  # an older torch without the argument
+            native = torch.cuda.get_device_capability(dev) >= (8, 0)
+    if not native:
+        name = torch.cuda.get_device_name(dev) if dev.type == "cuda" and torch.cuda.is_available() else str(dev)
+        raise ConfigError(f"{', '.join(f'train.{k}=bfloat16' for k in keys)}: {dev} ({name}) has no native bfloat16; "
+                          "run on a GPU that has it (compute capability 8.0 or newer) or set these to float32")
 
 
 def _printer(master: bool, prefix: str):
@@ -334,6 +354,7 @@ class Run:
         self.variant = variant_name(assignment, retraction, cfg["grid"].get("custom"))
         self.folder = RunFolder(out_root, cfg["name"], self.variant, seed)
         self.dir, self.ckpt_path = self.folder.dir, self.folder.ckpt_path
+        self.accum = accum_per_rank(tc, world)  # this rank's micro-batches per step
         self.device = resolve_train_device(tc, world)
         self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if tc["dtype"] == "bfloat16"
                          else nullcontext())
@@ -392,7 +413,8 @@ class Run:
             "last_val": self.last_val, **self.divergence.state_dict(),
             "step_times": self.step_times, "opt_shares": self.opt_shares,
             "rng_torch": torch.get_rng_state(), "sampler": self.train_sampler.gen.get_state(),
-            "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            # the run's own GPU only: a retry may land on a node that shows fewer
+            "rng_cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
             "config_hash": config_hash(self._identity()),
         }
 
@@ -404,8 +426,12 @@ class Run:
                                                                       ck["opt_shares"])
         torch.set_rng_state(ck["rng_torch"])
         self.train_sampler.gen.set_state(ck["sampler"])
-        if ck["rng_cuda"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(ck["rng_cuda"])
+        rng_cuda = ck["rng_cuda"]
+        if isinstance(rng_cuda, (list, tuple)):  # older checkpoints: one state per visible GPU
+            i = self.device.index or 0
+            rng_cuda = rng_cuda[i] if i < len(rng_cuda) else None
+        if rng_cuda is not None and self.device.type == "cuda":
+            torch.cuda.set_rng_state(rng_cuda, self.device)
 
     def _identity(self) -> dict:
         return run_identity(self.cfg, self.assignment, self.seed, self.retraction)
@@ -482,10 +508,10 @@ class Run:
     # -- training -------------------------------------------------------------------------
     def forward_backward(self, it: int) -> float:
         """Accumulate the gradients of step ``it``; its mean training loss (over ranks)."""
-        accum, bs = self.tc["grad_accum"], self.tc["batch_size"]
-        # one global draw per step: every rank sees the same indices and takes its share,
-        # so a run on k ranks with grad_accum a matches one rank with grad_accum k * a
-        ix = self.train_sampler.indices(bs * accum * self.world).view(self.world, accum, bs)[self.rank]
+        accum, bs = self.accum, self.tc["batch_size"]
+        # one global draw per step: every rank sees the same indices and takes its share, so the
+        # config's grad_accum micro-batches are the same on one rank or several
+        ix = self.train_sampler.indices(bs * self.tc["grad_accum"]).view(self.world, accum, bs)[self.rank]
         total = torch.zeros((), dtype=torch.float64, device=self.device)
         for micro in range(accum):
             x, y = self.train_sampler.batch(ix[micro], self.device)
@@ -552,7 +578,7 @@ class Run:
 
     def log_step(self, it: int, loss: float, lr: float, mlr: float, dt: float, opt_t: float) -> None:
         tc = self.tc
-        tokens = tc["batch_size"] * tc["grad_accum"] * self.world * self.mcfg.block_size
+        tokens = tc["batch_size"] * tc["grad_accum"] * self.mcfg.block_size
         self.logs["metrics"].write(dict(step=it, train_loss=loss, lr=lr, muon_lr=mlr, step_time=dt,
                                         tokens_per_s=tokens / dt, optimizer_time=opt_t, optimizer_share=opt_t / dt))
         if it % tc["log_interval"] == 0:
@@ -581,6 +607,7 @@ class Run:
             "seed": self.seed, "config": self.cfg["name"], "config_hash": config_hash(self._identity()),
             "identity": self._identity(),
             "code_version": code_version(), "device": str(self.device), "world_size": self.world,
+            "grad_accum_per_rank": self.accum,
         }
         if error:
             summary["error"] = error
@@ -602,7 +629,8 @@ class Run:
             if missing:
                 self.pairs.save_none(missing)
             if self.tc["keep_final_checkpoint"]:
-                atomic_torch_save(self.dir / "final.pt", self.model.state_dict())
+                # on the CPU, so that it loads on a host without a GPU
+                atomic_torch_save(self.dir / "final.pt", {k: v.detach().cpu() for k, v in self.model.state_dict().items()})
         self.write_summary()
         if self.master:
             self.folder.drop_checkpoint()
@@ -667,6 +695,7 @@ def train(cfg: dict, assignment: str, seed: int, retraction: str | None = None,
         return 2
     retraction = retraction or cfg["train"]["dgram_retraction"]
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    previous = {}  # the signal handlers the run replaces
     if world > 1:
         backend = "nccl" if torch.cuda.is_available() and cfg["train"]["device"] != "cpu" else "gloo"
         torch.distributed.init_process_group(backend=backend)
@@ -683,8 +712,9 @@ def train(cfg: dict, assignment: str, seed: int, retraction: str | None = None,
             run.stop_flag = True
             run.log(f"received signal {signum}; will checkpoint after this step")
 
-        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):  # Ctrl-C checkpoints too
-            signal.signal(sig, on_signal)
+        # Ctrl-C checkpoints too; the caller's handlers come back when the run returns (a bench or a
+        # check that trains in its own process must stay stoppable by SIGTERM)
+        previous.update({sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)})
         from .lock import RunLock, RunLocked
 
         try:  # one process per run folder
@@ -715,6 +745,8 @@ def train(cfg: dict, assignment: str, seed: int, retraction: str | None = None,
             if lock is not None:
                 lock.release()
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         if world > 1:
             torch.distributed.destroy_process_group()
 
