@@ -88,7 +88,7 @@ fi
 device=cuda
 [[ $mode == cpu ]] && device=cpu
 start=$SECONDS
-MWM_TEST_DEVICE=$device timeout 150 $PY -m pytest -q -s -p no:cacheprovider -m gpu tests/test_gpu.py \
+MWM_TEST_DEVICE=$device timeout -k 10 150 $PY -m pytest -q -s -p no:cacheprovider -m gpu tests/test_gpu.py \
     >"$OUT/gpu_tier.log" 2>&1
 rc=$?
 tier=$(grep -E "^[0-9]+ (passed|failed)|^=+ .*(passed|failed|error)" "$OUT/gpu_tier.log" | tail -n 1)
@@ -106,7 +106,7 @@ else
            --dual-steps 3 --threads 1 --no-compile --budget-s 60)
     limit=240
 fi
-timeout $limit $PY benchmarks/bench_gpu.py "${bench[@]}" --json "$OUT/bench_gpu.json" >"$OUT/bench_gpu.log" 2>&1
+timeout -k 10 $limit $PY benchmarks/bench_gpu.py "${bench[@]}" --json "$OUT/bench_gpu.json" >"$OUT/bench_gpu.log" 2>&1
 rc=$?
 note "bench_gpu: rc $rc, $((SECONDS - start)) s (results in bench_gpu.json, written after every assignment)"
 sed -n '/^device /,$p' "$OUT/bench_gpu.log" | tee -a "$OUT/summary.txt"

@@ -88,3 +88,48 @@ def test_lock_holder_keeps_its_heartbeat(tmp_path, monkeypatch):
         time.sleep(0.05)
     assert lock.path.stat().st_mtime >= t0 - 1
     lock.release()
+
+
+@pytest.mark.parametrize("case", ["gone", "ended", "this job", "silent", "running"])
+def test_a_slurm_job_s_lock_is_taken_over_once_its_job_is_gone(tmp_path, monkeypatch, capsys, case):
+    """A retry on another node need not wait STALE_AFTER_S after a hard kill: a lock whose SLURM job
+    squeue no longer runs, or is this job requeued, or whose heartbeat missed three beats, is stale."""
+    import mwm.lock
+    from mwm.lock import LOCK_NAME, SLURM_STALE_AFTER_S, RunLock, RunLocked
+
+    monkeypatch.setenv("SLURM_JOB_ID", "2002")
+    states = {"gone": "", "ended": "COMPLETED", "this job": "RUNNING", "silent": None, "running": "RUNNING"}
+    monkeypatch.setattr(mwm.lock, "slurm_job_state", lambda job: states[case])
+    lock_file = tmp_path / LOCK_NAME
+    job = "2002" if case == "this job" else "1001"
+    lock_file.write_text(json.dumps({"pid": 1, "host": "node7.example", "token": "x", "slurm_job": job}))
+    if case == "silent":  # squeue cannot tell: the heartbeat decides
+        with pytest.raises(RunLocked, match=f"SLURM job 1001.*taken over after {SLURM_STALE_AFTER_S:.0f} s"):
+            RunLock(tmp_path)
+        old = time.time() - SLURM_STALE_AFTER_S - 30
+        os.utime(lock_file, (old, old))
+    if case == "running":  # its job still runs, heartbeat fresh: refused, naming the job
+        with pytest.raises(RunLocked, match="node7.example, SLURM job 1001"):
+            RunLock(tmp_path)
+        return
+    taken = RunLock(tmp_path)
+    assert "stale lock" in capsys.readouterr().out
+    assert json.loads(lock_file.read_text())["slurm_job"] == "2002"
+    taken.release()
+
+
+def test_slurm_job_state_reads_squeue(tmp_path, monkeypatch):
+    from mwm.lock import slurm_job_state
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    squeue = bin_dir / "squeue"
+    squeue.write_text('#!/bin/sh\ncase "$3" in 7) echo RUNNING;; 8) echo "slurm_load_jobs error: Invalid job id '
+                      'specified" >&2; exit 1;; *) echo "cannot reach slurmctld" >&2; exit 1;; esac\n')
+    squeue.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    assert slurm_job_state("7") == "RUNNING"
+    assert slurm_job_state("8") == ""  # purged from the controller: gone
+    assert slurm_job_state("9") is None  # squeue cannot tell
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert slurm_job_state("7") is None  # no squeue here

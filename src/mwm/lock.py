@@ -11,7 +11,11 @@ from a background thread; a lock from another host (whose process cannot be
 checked from here: a job retried on another node after its node died) is taken
 over only once its heartbeat is older than ``STALE_AFTER_S``; until then the
 message names the holder and the file to delete once that process is known to be
-gone.
+gone. Under SLURM the lock also records the job id, and a retry (a new job, on any
+node) need not wait that long after a hard kill (OOM, SIGKILL past KillWait): another
+host's lock is taken over when its job is this very job (requeued: its earlier run
+is gone), when ``squeue`` no longer shows that job running, or when its heartbeat is
+older than ``SLURM_STALE_AFTER_S``.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import json
 import os
 import secrets
 import socket
+import subprocess
 import tempfile
 import threading
 import time
@@ -32,6 +37,11 @@ __all__ = ["RunLock", "RunLocked", "LOCK_NAME"]
 LOCK_NAME = ".lock"
 HEARTBEAT_S = 60.0
 STALE_AFTER_S = 900.0
+#: Under SLURM: three missed heartbeats. A live holder refreshes its lock every HEARTBEAT_S.
+SLURM_STALE_AFTER_S = 3 * HEARTBEAT_S
+#: squeue states of a job whose processes may still run.
+_SLURM_LIVE = {"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT",
+               "RESIZING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"}
 
 
 class RunLocked(RuntimeError):
@@ -45,6 +55,19 @@ def _proc_start(pid: int) -> str | None:
             return fh.read().rsplit(")", 1)[1].split()[19]
     except (OSError, IndexError):
         return None
+
+
+def slurm_job_state(job_id: str) -> str | None:
+    """``squeue``'s state of a SLURM job: "" when squeue no longer knows it, None when squeue cannot
+    tell (not installed, no controller, a timeout)."""
+    try:
+        out = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%T"], capture_output=True, text=True,
+                             timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return "" if "invalid job id" in out.stderr.lower() else None
+    return out.stdout.strip().split("\n")[0].strip()
 
 
 def _alive(pid: int) -> bool:
@@ -69,7 +92,8 @@ class RunLock:
     # -- holder ----------------------------------------------------------------------
     def _content(self) -> dict:
         return {"pid": os.getpid(), "host": self.host, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "proc_start": _proc_start(os.getpid()), "token": self.token}
+                "proc_start": _proc_start(os.getpid()), "token": self.token,
+                "slurm_job": os.environ.get("SLURM_JOB_ID")}
 
     @staticmethod
     def _read(path: Path) -> dict | None:
@@ -90,7 +114,15 @@ class RunLock:
     def _stale(self, holder: dict) -> bool:
         if holder.get("host") != self.host:
             age = self._age()
-            return age is not None and age > STALE_AFTER_S
+            job = holder.get("slurm_job")
+            if job:
+                if job == os.environ.get("SLURM_JOB_ID"):
+                    return True  # this job requeued: its earlier run, on that host, is gone
+                state = slurm_job_state(job)
+                if state == "" or (state and state.split()[0] not in _SLURM_LIVE):
+                    return True
+            limit = SLURM_STALE_AFTER_S if job else STALE_AFTER_S
+            return age is not None and age > limit
         if not isinstance(holder.get("pid"), int):
             return False
         pid = holder["pid"]
@@ -101,6 +133,8 @@ class RunLock:
 
     def describe(self, holder: dict) -> str:
         who = f"process {holder.get('pid', '?')} on host {holder.get('host', '?')}"
+        if holder.get("slurm_job"):
+            who += f", SLURM job {holder['slurm_job']}"
         if holder.get("started"):
             who += f" (since {holder['started']})"
         return who
@@ -152,8 +186,9 @@ class RunLock:
                                 f"no process is using the run")
             if not self._stale(holder):
                 age = self._age() or 0.0
+                limit = SLURM_STALE_AFTER_S if holder.get("slurm_job") else STALE_AFTER_S
                 advice = ("wait for it to finish or stop it" if holder.get("host") == self.host else
-                          f"its last heartbeat was {age:.0f} s ago; it is taken over after {STALE_AFTER_S:.0f} s "
+                          f"its last heartbeat was {age:.0f} s ago; it is taken over after {limit:.0f} s "
                           f"without one, or delete {self.path} once that process is known to be gone")
                 raise RunLocked(f"{self.folder} is in use by {self.describe(holder)} (lock {self.path}); "
                                 f"{advice}")
