@@ -145,3 +145,32 @@ def test_dgram_retraction_keeps_the_singular_values_of_a_nearly_singular_weight(
     assert top <= 134.0 * (1 + 1e-3)  # the retraction never grows sigma_max (the growth bound's premise)
     if retraction == "paper":
         assert top == pytest.approx(float(torch.linalg.matrix_norm(retract_dgram_svd(W.double()), ord=2)), rel=1e-4)
+
+
+@pytest.mark.parametrize("retraction", ["paper", "colnorm"])
+def test_only_the_unresolved_matrices_of_a_bank_go_to_svd_and_by_one_decomposition(retraction, monkeypatch):
+    """A bank with one nearly singular matrix: the others keep the eigh retraction (bit for bit as
+    alone), the singular one alone is redone by one SVD (no second one for its singular values)."""
+    g = torch.Generator().manual_seed(5)
+    n = 32
+    U, _ = torch.linalg.qr(torch.randn(n, n, dtype=torch.float64, generator=g))
+    sigma = torch.logspace(1, -7, n, dtype=torch.float64)  # Gram spread 1e16: past what eigh resolves
+    hard = ((U * sigma) @ U.mT).float()
+    easy = torch.randn(2, n, n, generator=g) * 0.1
+    bank = torch.stack([easy[0], hard, easy[1]])
+    M = get_manifold("dgram", retraction)
+    alone = M.retract(easy)
+    calls = []
+    real_svd = torch.linalg.svd
+    monkeypatch.setattr(torch.linalg, "svd", lambda A, **kw: calls.append(tuple(A.shape)) or real_svd(A, **kw))
+    monkeypatch.setattr(torch.linalg, "svdvals", lambda A: pytest.fail("a second decomposition"))
+    out = M.retract(bank)
+    assert calls == [(1, n, n)]
+    assert torch.equal(out[0], alone[0]) and torch.equal(out[2], alone[1])
+    monkeypatch.setattr(torch.linalg, "svd", real_svd)
+    ref = retract_dgram_svd(hard.double()) if retraction == "paper" else None
+    if ref is not None:
+        assert torch.allclose(out[1].double(), ref, rtol=1e-5, atol=1e-6)
+    gram = out[1].double().mT @ out[1].double()
+    off = gram - torch.diag_embed(gram.diagonal())
+    assert float(off.norm() / gram.norm()) < 1e-5  # on the manifold

@@ -88,15 +88,16 @@ def _gram(W: torch.Tensor) -> torch.Tensor:
 _EIGH_MAX_SPREAD = 1e10
 
 
-def _too_wide(values: torch.Tensor) -> bool:
-    """Whether any row of ``values`` (..., n) spans more than ``_EIGH_MAX_SPREAD``."""
-    return not bool((values.amin(-1) * _EIGH_MAX_SPREAD >= values.amax(-1)).all())
+def _resolved(values: torch.Tensor) -> torch.Tensor:
+    """Per row of ``values`` (..., n): whether it spans at most ``_EIGH_MAX_SPREAD``."""
+    return values.amin(-1) * _EIGH_MAX_SPREAD >= values.amax(-1)
 
 
-def _inv_sqrt_psd(S: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Eigenvalues (ascending) and ``S^{-1/2}`` of a batch of symmetric PSD float64 matrices, or None
-    when the eigenvalue spread is too wide (``_EIGH_MAX_SPREAD``): the caller then retracts by SVD in
-    float64 from the weight itself, as the released code does (by SVD).
+def _inv_sqrt_psd(S: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Eigenvalues (ascending) and ``S^{-1/2}`` of a batch of symmetric PSD float64 matrices, and a
+    mask of the matrices whose eigenvalue spread eigh resolves (``_EIGH_MAX_SPREAD``): the caller
+    retracts the others, and only them, by SVD in float64 from the weight itself, as the released
+    code does (by SVD).
 
     Why not carry on with eigh there: the small eigenvalues carry the Gram's rounding (eps times the
     largest), and their power -1/2 blows those directions up. A nearly singular weight (a DGram
@@ -107,43 +108,47 @@ def _inv_sqrt_psd(S: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """
     if not bool(torch.isfinite(S).all()):
         raise FloatingPointError("Gram matrix has NaN or Inf entries (the weight diverged); cannot retract")
-    if _too_wide(S.diagonal(dim1=-2, dim2=-1)):
-        # the diagonal lies inside the eigenvalue range, so its spread bounds the eigenvalues' from below
-        return None
     evals, evecs = torch.linalg.eigh(S)
-    if _too_wide(evals):
-        return None
+    # the diagonal lies inside the eigenvalue range: its spread bounds theirs from below, whatever eigh made
+    ok = _resolved(S.diagonal(dim1=-2, dim2=-1)) & _resolved(evals)
     floor = evals[..., -1:].clamp_min(torch.finfo(evals.dtype).tiny) * torch.finfo(evals.dtype).eps
     inv_root = evals.clamp_min(floor).rsqrt()
-    return evals, (evecs * inv_root.unsqueeze(-2)) @ evecs.mT
+    return evals, (evecs * inv_root.unsqueeze(-2)) @ evecs.mT, ok
 
 
-def _polar_svd(X: torch.Tensor) -> torch.Tensor:
-    """The polar factor ``U V^T`` of a tall batch by SVD (the wide-spread fallback)."""
-    U, _, Vh = torch.linalg.svd(X, full_matrices=False)
-    return U @ Vh
+def _by_svd_where_unresolved(out: torch.Tensor, X: torch.Tensor, ok: torch.Tensor, scale=None) -> torch.Tensor:
+    """``out`` with each matrix eigh could not resolve (``~ok``) replaced by the SVD form of ``X``'s:
+    ``U S V^T`` re-formed as ``polar(X) diag(S)`` (the paper form, ``scale`` None), or
+    ``polar(X D^-1) D`` for the column norms ``scale`` = D (colnorm). One SVD per such matrix."""
+    if bool(ok.all()):
+        return out
+    shape = out.shape
+    out, X, bad = out.reshape(-1, *shape[-2:]).clone(), X.reshape(-1, *shape[-2:]), (~ok).reshape(-1)
+    Xb = X[bad]
+    if scale is None:
+        U, S, Vh = torch.linalg.svd(Xb, full_matrices=False)
+        out[bad] = (U @ Vh) * S.unsqueeze(-2)
+    else:
+        d = scale.reshape(-1, shape[-1])[bad].unsqueeze(-2)
+        U, _, Vh = torch.linalg.svd(Xb / d, full_matrices=False)
+        out[bad] = (U @ Vh) * d
+    return out.reshape(shape)
 
 
 # Both DGram forms take and return a tall float64 batch (``_retract_dgram`` casts).
 def _retract_dgram_paper(W: torch.Tensor) -> torch.Tensor:
-    got = _inv_sqrt_psd(_gram(W))
-    if got is None:  # too wide for an eigh of the Gram: the released code's SVD form
-        return _polar_svd(W) * torch.linalg.svdvals(W).unsqueeze(-2)
-    evals, inv_root = got
+    evals, inv_root, ok = _inv_sqrt_psd(_gram(W))
     sigma_desc = evals.clamp_min(0).sqrt().flip(-1)
-    return (W @ inv_root) * sigma_desc.unsqueeze(-2)
+    return _by_svd_where_unresolved((W @ inv_root) * sigma_desc.unsqueeze(-2), W, ok)
 
 
 def _retract_dgram_colnorm(W: torch.Tensor) -> torch.Tensor:
     gram = _gram(W)
     d = gram.diagonal(dim1=-2, dim2=-1).clamp_min(torch.finfo(gram.dtype).tiny).sqrt()
     corr = gram / (d.unsqueeze(-1) * d.unsqueeze(-2))  # Gram of the column-normalized W
-    got = _inv_sqrt_psd(corr)
-    if got is None:  # too wide: polar(W D^-1) D by SVD
-        return _polar_svd(W / d.unsqueeze(-2)) * d.unsqueeze(-2)
-    _, inv_root = got
+    _, inv_root, ok = _inv_sqrt_psd(corr)
     # polar(W D^-1) D = W (D^-1 corr^-1/2 D): one m x n by n x n product
-    return W @ (inv_root / d.unsqueeze(-1) * d.unsqueeze(-2))
+    return _by_svd_where_unresolved(W @ (inv_root / d.unsqueeze(-1) * d.unsqueeze(-2)), W, ok, scale=d)
 
 
 def retract_dgram_svd(W: torch.Tensor) -> torch.Tensor:
