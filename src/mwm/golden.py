@@ -99,6 +99,17 @@ def _retract(manifold, retraction, dtype, precision="float32", seed=31, singular
     return lambda: mf.retract(W, precision=precision)
 
 
+def _retract_bank(retraction, seed=33):
+    """A DGram bank whose middle matrix eigh cannot resolve: it alone is retracted by SVD."""
+    from .manifolds import get_manifold
+
+    W = torch.stack([_normal(seed, 24, 8, dtype=torch.float32),
+                     _low_rank(seed + 1, 24, 8, rank=3, noise=1e-6, dtype=torch.float32),
+                     _normal(seed + 2, 24, 8, dtype=torch.float32)])
+    mf = get_manifold("dgram", retraction)
+    return lambda: mf.retract(W)
+
+
 def _model(assignment: str | None, precision: str = "float32", dtype=torch.float32, seed=41):
     """The loss of a tiny GPT on fixed tokens (``assignment`` None), else its weights after one step of
     both optimizers of ``assignment`` (AdamW and Manifold Muon, the paper's settings), in ``dtype``."""
@@ -163,6 +174,8 @@ def _cases() -> dict[str, tuple[str, Callable[[], torch.Tensor]]]:
     cases["retract/stiefel-paper/bfloat16"] = ("bfloat16", _retract("stiefel", "paper", torch.float32, "bfloat16"))
     cases["retract/dgram-paper/nearly_singular"] = ("float32", _retract("dgram", "paper", torch.float32,
                                                                          singular=True))
+    for retraction in ("paper", "colnorm"):
+        cases[f"retract/dgram-{retraction}/mixed_bank"] = ("float32", _retract_bank(retraction))
     cases["model/loss"] = ("float32", _model(None))
     for a in PAPER_ASSIGNMENTS:
         cases[f"step/{a}"] = ("float32", _model(a))
