@@ -582,3 +582,25 @@ def test_a_gpu_without_native_bfloat16_is_refused_naming_the_keys():
         check_bfloat16({"dtype": "float32", "msign_precision": "bfloat16"}, dev, native=False)
     check_bfloat16({"dtype": "float32", "msign_precision": "float32"}, dev, native=False)
     check_bfloat16({"dtype": "bfloat16", "msign_precision": "bfloat16"}, dev, native=True)
+
+
+def test_tf32_goes_through_the_current_api_without_a_deprecation_warning():
+    import warnings
+
+    from mwm.train import set_matmul_precision
+
+    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
+    if not hasattr(matmul, "fp32_precision"):
+        pytest.skip("this torch has only allow_tf32")
+    before = matmul.fp32_precision, conv.fp32_precision
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            set_matmul_precision({"tf32": True}, torch.device("cuda"))
+            assert (matmul.fp32_precision, conv.fp32_precision) == ("tf32", "tf32")
+            set_matmul_precision({"tf32": False}, torch.device("cuda"))
+            assert (matmul.fp32_precision, conv.fp32_precision) == ("ieee", "ieee")
+            set_matmul_precision({"tf32": True}, torch.device("cpu"))  # no effect on CPU
+            assert matmul.fp32_precision == "ieee"
+    finally:
+        matmul.fp32_precision, conv.fp32_precision = before

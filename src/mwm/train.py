@@ -331,8 +331,15 @@ def set_matmul_precision(tc: dict, device: torch.device) -> None:
     train.py sets it (``torch.backends.cuda.matmul.allow_tf32``, ``cudnn.allow_tf32``).
     PyTorch's switch is global: the optimizer's float32 matmuls (the inner solver's
     products; msign in bfloat16 is not affected) run in TF32 too, as they did there.
-    Off: full float32. No effect on CPU."""
-    if device.type == "cuda":
+    Off: full float32. No effect on CPU. Through ``fp32_precision`` where torch has it (``allow_tf32``
+    is deprecated there), else the older switches."""
+    if device.type != "cuda":
+        return
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        mode = "tf32" if tc["tf32"] else "ieee"
+        torch.backends.cuda.matmul.fp32_precision = mode
+        torch.backends.cudnn.conv.fp32_precision = mode
+    else:
         torch.backends.cuda.matmul.allow_tf32 = bool(tc["tf32"])
         torch.backends.cudnn.allow_tf32 = bool(tc["tf32"])
 
@@ -495,7 +502,8 @@ class Run:
         bad = nonfinite(list(self.model.named_parameters()))
         if bad:
             raise FloatingPointError(f"weights {bad[:4]} hold NaN, Inf or overflowing values at step {self.step}")
-        losses = self.batches.losses(self.model, self.autocast)
+        # the compiled forward where it computes the same function (no DDP wrapper to step around)
+        losses = self.batches.losses(self.fwd if self.ddp is None else self.model, self.autocast)
         if self.master:
             step = self.step
             self.logs["eval"].write(dict(step=step, train_loss=losses["train"], val_loss=losses["val"]))
