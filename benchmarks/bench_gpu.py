@@ -386,6 +386,66 @@ def settings(args) -> dict:
             "bf16_peak_tflops": args.peak_tflops or bf16_peak(name)}
 
 
+def row_line(r: dict, base: float | None, peak: float | None) -> str:
+    """One assignment's line of the table (``base``: none's ms/step, when measured)."""
+    ratio = f"{r['ms_per_step'] / base:.2f}x" if base else "-"
+    paper = f"{PAPER_RATIO[r['assignment']]}x" if r["assignment"] in PAPER_RATIO else "-"
+    goal = f"<={GOAL_RATIO[r['assignment']]}x" if r["assignment"] in GOAL_RATIO else "-"
+    tf = r["optimizer_tflops"]
+    ag = r["agreement"]
+    agtxt = (f"{ag['max_rel_diff']:.2e} / {ag['median_rel_diff']:.2e} ({ag['matrices']} matrices, worst "
+             f"{ag['worst']})") if ag else "-"
+    return (f"{r['assignment']:<12}{str(r['micro_batch']) + 'x' + str(r['grad_accum']):>8}{r['timed_steps']:>6}"
+            f"{r['ms_per_step']:>10.1f}{ratio:>8}{paper:>7}{goal:>7}{100 * r['opt_share']:>7.1f}"
+            f"{r['peak_gib']:>6.2f} GiB{r['syncs_per_step']:>7}{r['optimizer_gflop_per_step']:>11.1f}"
+            f"{tf if tf is not None else float('nan'):>9.2f}"
+            f"{100 * tf / peak if tf is not None and peak else float('nan'):>8.1f}  {agtxt}")
+
+
+def retraction_row(args, cfg: dict) -> dict:
+    """The DGram retraction of the model's banks (``n_layer`` matrices of each hidden shape, as the
+    optimizer stacks them) on the device: this code's paper form against the released code's float32
+    SVD form, timed (median of 3 after one untimed call), and each one's worst relative error against
+    the same form by a float64 SVD. ``W - eta A`` on the manifold, as training makes it."""
+    import torch
+
+    from mwm.manifolds import get_manifold, retract_dgram_svd
+
+    dev = torch.device(args.device)
+    from mwm.model import SIZES
+
+    m = SIZES[cfg["model"]["size"]] if cfg["model"]["size"] else cfg["model"]
+    e, layers = m["n_embd"], m["n_layer"]
+    g = torch.Generator().manual_seed(7)
+    forms = {"released": retract_dgram_svd, "paper": get_manifold("dgram", "paper").retract}
+    out = {"bank": layers, "shapes": [], "s": dict.fromkeys(forms, 0.0), "err": dict.fromkeys(forms, 0.0)}
+    for shape in ((3 * e, e), (e, e), (4 * e, e), (e, 4 * e)):
+        W = get_manifold("dgram").init(torch.randn(layers, *shape, generator=g) * 0.02)
+        X = (W - 0.02 * get_manifold("stiefel").init(torch.randn(layers, *shape, generator=g))).to(dev)
+        ref = retract_dgram_svd(X.double())
+        for name, f in forms.items():
+            f(X)
+            samples = []
+            for _ in range(3):
+                _sync(dev)
+                t = time.perf_counter()
+                Y = f(X)
+                _sync(dev)
+                samples.append(time.perf_counter() - t)
+            out["s"][name] += statistics.median(samples)
+            err = ((Y.double() - ref).flatten(1).norm(dim=1) / ref.flatten(1).norm(dim=1)).max().item()
+            out["err"][name] = max(out["err"][name], err)
+        out["shapes"].append(list(shape))
+    return out
+
+
+def retraction_line(rr: dict) -> str:
+    s, err = rr["s"], rr["err"]
+    return (f"DGram retraction of {rr['bank']}-matrix banks {rr['shapes']}: released float32 SVD "
+            f"{1e3 * s['released']:.1f} ms (worst error {err['released']:.1e} against a float64 SVD), this code "
+            f"{1e3 * s['paper']:.1f} ms ({err['paper']:.1e}): {s['released'] / s['paper']:.2f}x the released speed")
+
+
 def table(results: list[dict], st: dict) -> str:
     base = next((r["ms_per_step"] for r in results if r["assignment"] == "none"), None)
     r0 = results[0]
@@ -401,20 +461,7 @@ def table(results: list[dict], st: dict) -> str:
              f"{'assignment':<12}{'batch':>8}{'steps':>6}{'ms/step':>10}{'x none':>8}{'paper':>7}{'goal':>7}"
              f"{'opt %':>7}{'peak':>10}{'syncs':>7}{'opt GFLOP':>11}{'TFLOP/s':>9}{'% peak':>8}"
              f"  msign bf16 vs float32 (one update, rel. Frobenius diff: max / median)"]
-    for r in results:
-        ratio = f"{r['ms_per_step'] / base:.2f}x" if base else "-"
-        paper = f"{PAPER_RATIO[r['assignment']]}x" if r["assignment"] in PAPER_RATIO else "-"
-        goal = f"<={GOAL_RATIO[r['assignment']]}x" if r["assignment"] in GOAL_RATIO else "-"
-        tf = r["optimizer_tflops"]
-        ag = r["agreement"]
-        agtxt = (f"{ag['max_rel_diff']:.2e} / {ag['median_rel_diff']:.2e} ({ag['matrices']} matrices, worst "
-                 f"{ag['worst']})") if ag else "-"
-        lines.append(
-            f"{r['assignment']:<12}{str(r['micro_batch']) + 'x' + str(r['grad_accum']):>8}{r['timed_steps']:>6}"
-            f"{r['ms_per_step']:>10.1f}{ratio:>8}{paper:>7}{goal:>7}{100 * r['opt_share']:>7.1f}"
-            f"{r['peak_gib']:>6.2f} GiB{r['syncs_per_step']:>7}{r['optimizer_gflop_per_step']:>11.1f}"
-            f"{tf if tf is not None else float('nan'):>9.2f}"
-            f"{100 * tf / peak if tf is not None and peak else float('nan'):>8.1f}  {agtxt}")
+    lines += [row_line(r, base, peak) for r in results]
     for r in results:
         ex = r.get("exercise")
         if ex:
@@ -455,6 +502,8 @@ def parse(argv=None):
                     help="the device's bf16 dense peak (default: looked up from its name)")
     ap.add_argument("--out", default=None, help="folder for the runs' files (default: a temporary one)")
     ap.add_argument("--json", default=None, help="write the results to this JSON file, after every assignment")
+    ap.add_argument("--no-retraction", dest="retraction", action="store_false",
+                    help="skip the DGram retraction row (the model's banks, against the released float32 SVD)")
     args = ap.parse_args(argv)
     if args.dtype is None:
         args.dtype = "float32" if args.device == "cpu" else "bfloat16"
@@ -483,8 +532,14 @@ def run(args) -> tuple[dict, list[dict]]:
             share = (args.budget_s - (time.perf_counter() - t0)) / (len(args.assignments) - i)
             r = bench_assignment(args, name, share, out, exercise=name == args.exercise)
             results.append(r)
-            print(f"{name}: {r['timed_steps']} timed steps, {r['ms_per_step']:.1f} ms/step, "
-                  f"{r['syncs_per_step']} syncs/step, {r['wall_s']:.0f} s", flush=True)
+            base = next((x["ms_per_step"] for x in results if x["assignment"] == "none"), None)
+            # the table's line at once, so a run cut by its time limit still shows every finished row
+            print(f"{row_line(r, base, st['bf16_peak_tflops'])}   [{r['wall_s']:.0f} s]", flush=True)
+            if args.json:
+                atomic_write_json(Path(args.json), {"settings": st, "results": results})
+        if args.retraction:
+            st["retraction"] = retraction_row(args, make_config(args, 1, 1))
+            print(retraction_line(st["retraction"]), flush=True)
             if args.json:
                 atomic_write_json(Path(args.json), {"settings": st, "results": results})
     return st, results
@@ -494,6 +549,8 @@ def main(argv=None) -> int:
     args = parse(argv)
     st, results = run(args)
     print(table(results, st))
+    if "retraction" in st:
+        print(retraction_line(st["retraction"]))
     return 0
 
 

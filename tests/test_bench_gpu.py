@@ -54,6 +54,13 @@ def test_bench_gpu_runs_on_cpu_tiny(tmp_path, capsys, bench):
     ex = results["hetero"]["exercise"]
     assert ex["resumed_equal"] and ex["resumed_at"] > 0 and math.isfinite(ex["loss_after_resume"])
     assert all("exercise" not in r for n, r in results.items() if n != "hetero")
+    rr = st["retraction"]  # the DGram retraction of the model's banks against the released float32 SVD
+    assert rr["bank"] == 2 and rr["shapes"] == [[96, 32], [32, 32], [128, 32], [32, 128]]
+    assert rr["s"]["released"] > 0 and rr["s"]["paper"] > 0
+    assert 0 <= rr["err"]["paper"] < rr["err"]["released"] < 1e-4  # float64 against float32 SVD
+    assert "DGram retraction of 2-matrix banks" in text
+    rows = [ln for ln in text.splitlines() if ln.startswith(tuple(n + " " for n in bench.ASSIGNMENTS))]
+    assert len(rows) == 2 * len(bench.ASSIGNMENTS)  # each printed as it finished, then in the table
     for name, paper in (("stiefel", "5.8x"), ("hetero", "8.3x"), ("dgram", "13.6x")):
         line = next(ln for ln in text.splitlines() if ln.startswith(name + " "))
         assert paper in line and f"{results[name]['ms_per_step'] / results['none']['ms_per_step']:.2f}x" in line
