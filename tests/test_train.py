@@ -228,7 +228,7 @@ def test_resume_loads_the_checkpoint_to_the_cpu_whatever_the_run_device(tmp_path
         run.step += 1
     run.evaluate()
     run.save_checkpoint()
-    want_rng, want_sampler = torch.get_rng_state(), run.train_sampler.gen.get_state()
+    want_rng, want_sampler = torch.get_rng_state(), run.sampler_state()  # before the next step's prefetched draw
     torch.manual_seed(123)
     again = _tiny_run(tmp_path)
     again.device = torch.device("meta")  # what the checkpoint must not be mapped to

@@ -393,6 +393,7 @@ class Run:
             self.fwd = torch.compile(self.fwd)
 
         self.train_sampler = Sampler(self.data.split("train"), self.mcfg.block_size, seed=10_000 + seed)
+        self._prefetched = None  # (step, sampler state before its draw, its indices, its first micro-batch)
         self.batches = FixedBatches(self.data, self.mcfg.block_size, tc, self.device)
         # the parts log through a printer that holds no reference to the run (no cycle:
         # a finished Run is freed at once, with its model and optimizer state)
@@ -419,7 +420,7 @@ class Run:
             "step": self.step, "model": self.model.state_dict(), "optimizers": self.opts.state_dict(),
             "last_val": self.last_val, **self.divergence.state_dict(),
             "step_times": self.step_times, "opt_shares": self.opt_shares,
-            "rng_torch": torch.get_rng_state(), "sampler": self.train_sampler.gen.get_state(),
+            "rng_torch": torch.get_rng_state(), "sampler": self.sampler_state(),
             # the run's own GPU only: a retry may land on a node that shows fewer
             "rng_cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
             "config_hash": config_hash(self._identity()),
@@ -433,6 +434,7 @@ class Run:
                                                                       ck["opt_shares"])
         torch.set_rng_state(ck["rng_torch"])
         self.train_sampler.gen.set_state(ck["sampler"])
+        self._prefetched = None
         rng_cuda = ck["rng_cuda"]
         if isinstance(rng_cuda, (list, tuple)):  # older checkpoints: one state per visible GPU
             i = self.device.index or 0
@@ -514,15 +516,29 @@ class Run:
         return losses
 
     # -- training -------------------------------------------------------------------------
+    def sampler_state(self) -> torch.Tensor:
+        """The training sampler's state at the step boundary (before a prefetched draw), what a
+        checkpoint holds: a resumed run draws the same batches."""
+        return self._prefetched[1] if self._prefetched is not None else self.train_sampler.gen.get_state()
+
+    def _draw(self, it: int):
+        """Step ``it``'s indices (this rank's share) and its first micro-batch, prefetched or drawn now.
+        One global draw per step: every rank sees the same indices and takes its share, so the
+        config's grad_accum micro-batches are the same on one rank or several."""
+        ready, self._prefetched = self._prefetched, None
+        if ready is not None and ready[0] == it:
+            return ready[2], ready[3]
+        bs = self.tc["batch_size"]
+        ix = self.train_sampler.indices(bs * self.tc["grad_accum"]).view(self.world, self.accum, bs)[self.rank]
+        return ix, self.train_sampler.batch(ix[0], self.device)
+
     def forward_backward(self, it: int) -> float:
         """Accumulate the gradients of step ``it``; its mean training loss (over ranks)."""
-        accum, bs = self.accum, self.tc["batch_size"]
-        # one global draw per step: every rank sees the same indices and takes its share, so the
-        # config's grad_accum micro-batches are the same on one rank or several
-        ix = self.train_sampler.indices(bs * self.tc["grad_accum"]).view(self.world, accum, bs)[self.rank]
+        accum = self.accum
+        ix, first = self._draw(it)
         total = torch.zeros((), dtype=torch.float64, device=self.device)
         for micro in range(accum):
-            x, y = self.train_sampler.batch(ix[micro], self.device)
+            x, y = first if micro == 0 else self.train_sampler.batch(ix[micro], self.device)
             sync = nullcontext()
             if self.ddp is not None and micro < accum - 1:
                 sync = self.ddp.no_sync()
@@ -531,6 +547,11 @@ class Run:
                     _, loss = self.fwd(x, y)
                 (loss / accum).backward()
             total += loss.detach().double() / accum  # summed on the device: one read per step
+        if it + 1 < self.tc["max_iters"]:
+            # the next step's draw and first batch while the device runs this backward (the same draws
+            # in the same order: bit for bit as drawing them then)
+            state = self.train_sampler.gen.get_state()
+            self._prefetched = (it + 1, state, *self._draw(it + 1))
         if self.world > 1:
             torch.distributed.all_reduce(total)
             total /= self.world
