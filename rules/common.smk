@@ -17,6 +17,7 @@ from mwm.dvcgen import PERSISTENT, stage_name
 from mwm.paths import CONFIG_ENV, checkout_relative, inside, leads_out
 from mwm.runs import RESULTS_ROOT, RUN_FILES, capture_variants, capture_window, check_grid, grid_variants, run_config
 from mwm import stages
+from mwm.site import site_resources
 from mwm.setaside import RETRAIN_FOLDER, SET_ASIDE_RULE, foreign_problem, foreign_root, next_marker, retrain_markers
 
 # The file the entry points read: the last --configfile, else the default. Snakemake makes it
@@ -197,23 +198,15 @@ def bench(stage, wildcards=""):
     logs/<config>/benchmarks/<stage>/ (mwm.status sums them per stage)."""
     return f"{LOGS}/benchmarks/{stage}/{wildcards or stage}.tsv"
 
-# Site settings for SLURM come from the environment, never from this repository.
-SITE = {
-    key: value
-    for key, value in (
-        ("slurm_partition", os.environ.get("MWM_SLURM_PARTITION")),
-        ("slurm_account", os.environ.get("MWM_SLURM_ACCOUNT")),
-    )
-    if value
-}
-
-
 def res(stage):
-    """Resources of a stage from the config's workflow section (gpu only when > 0)."""
+    """Resources of a stage from the config's workflow section, with the SLURM site settings of its
+    kind of job (GPU or CPU) from the environment (mwm.site)."""
     r = dict(CFG["workflow"]["resources"][stage])
-    out = {"mem_mb": r["mem_mb"], "runtime": r["runtime"], **SITE}
-    if r["gpu"]:
-        out["gpu"] = r["gpu"]
+    try:
+        site = site_resources(r["gpu"])
+    except ConfigError as exc:
+        raise WorkflowError(str(exc))
+    out = {"mem_mb": r["mem_mb"], "runtime": r["runtime"], **site}
     if stage == "train" and ranks_per_run(CFG) > 1:
         # mwm.train starts the ranks itself (torchrun --standalone): one task on one node
         # with every GPU and thread of the run (SLURM tasks would rerun the whole job step)

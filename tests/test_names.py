@@ -25,6 +25,7 @@ from mwm.numerics import VERSION
 from mwm.paths import checkout_relative, inside, leads_out
 from mwm.runs import RUN_FILES, check_grid, expected_identity, grid_variants, identity_problem, run_config
 from mwm.setaside import foreign_problem, foreign_root, next_marker, retrain_markers
+from mwm.site import site_resources
 from mwm.checks import check_config, check_splits
 from mwm.owner import check_owner, claim
 cfg = load_config("config/ci.yaml")
@@ -44,6 +45,7 @@ next_marker("/nonexistent", cfg["name"], "none", "0")
 planned_stamp("config/ci.yaml", cfg)
 stage_name("data", cfg["name"])
 leads_out("data/x/train.bin")
+site_resources(1, {"MWM_SLURM_GPU_PARTITION": "gpu"})
 print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
 """
 
@@ -54,7 +56,7 @@ def test_snakefile_parse_imports_no_torch():
     imported |= {f"mwm.{line.split()[3]}" for line in common.splitlines() if line.startswith("from mwm import")}
     imported.discard("mwm")
     assert imported == {"mwm.checks", "mwm.config", "mwm.data", "mwm.dvcgen", "mwm.launch", "mwm.names", "mwm.numerics", "mwm.owner",
-                        "mwm.paths", "mwm.runs", "mwm.setaside", "mwm.stages"}, \
+                        "mwm.paths", "mwm.runs", "mwm.setaside", "mwm.site", "mwm.stages"}, \
         "rules/common.smk imports changed: update PARSE_TIME in this test"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.run([sys.executable, "-c", PARSE_TIME], cwd=ROOT, env=env, capture_output=True, text=True,

@@ -34,13 +34,15 @@ pytestmark = pytest.mark.skipif(
 )
 
 # Site settings as a user would export them (rules/common.smk reads them).
-SITE_ENV = {"MWM_SLURM_PARTITION": "gpu-test", "MWM_SLURM_ACCOUNT": "proj-test"}
+SITE_ENV = {"MWM_SLURM_GPU_PARTITION": "gpu-test", "MWM_SLURM_CPU_PARTITION": "cpu-test",
+            "MWM_SLURM_ACCOUNT": "proj-test"}
+_CLUSTER_ENV = ("MWM_SLURM_STATE", "MWM_SLURM_GPUS", "MWM_SLURM_MIN_JOB_AGE")  # the test cluster's own
 
 
 def snakemake(*args: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
     """`snakemake ARGS` from the repository root (where `--profile slurm` is found)."""
     full_env = {k: v for k, v in os.environ.items()
-                if k not in ("MWM_SLURM_PARTITION", "MWM_SLURM_ACCOUNT", "SNAKEMAKE_PROFILE")}
+                if k != "SNAKEMAKE_PROFILE" and (not k.startswith("MWM_SLURM_") or k in _CLUSTER_ENV)}
     full_env.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "snakemake", *args],
@@ -158,14 +160,18 @@ def test_paper_dry_run_lists_the_grid_with_resources(paper_dry_run):
         assert (r["mem_mb"], r["runtime"], r.get("gpu", 0), j["threads"]) == (
             want["mem_mb"], want["runtime"], want["gpu"], want["threads"]), j
 
-    # every job that is submitted (all but the target rule) carries the site settings
-    # from the environment
+    # every job that is submitted (all but the target rule) carries the site settings of its kind
+    # (GPU or CPU) from the environment
     submitted = [j for j in jobs if j["rule"] != "all"]
     assert len(submitted) == sum(n for rule, n in stats.items() if rule != "all")
+    kinds = set()
     for j in submitted:
         r = j["resources"]
-        assert r["slurm_partition"] == SITE_ENV["MWM_SLURM_PARTITION"], j
+        kind = "GPU" if r.get("gpu", 0) else "CPU"
+        kinds.add(kind)
+        assert r["slurm_partition"] == SITE_ENV[f"MWM_SLURM_{kind}_PARTITION"], j
         assert r["slurm_account"] == SITE_ENV["MWM_SLURM_ACCOUNT"], j
+    assert kinds == {"GPU", "CPU"}  # training on the GPU partition, tokenization and the report not
 
 
 def test_configfile_on_the_command_line_replaces_the_profiles():
