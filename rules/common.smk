@@ -28,6 +28,11 @@ CONFIG_FILE = checkout_relative(
 # The data job reads it from here, not from its params, since a dataset's identity is its data
 # section, whichever config asked for it (configs sharing a data folder do not invalidate each other).
 os.environ[CONFIG_ENV] = CONFIG_FILE
+# Every job's python finds the package of this checkout, whatever environment runs it (--sdm conda
+# builds one from envs/mwm.yaml, which holds the dependencies only; SLURM jobs inherit this).
+_SRC = os.path.join(workflow.basedir, "src")
+if os.environ.get("PYTHONPATH", "").split(os.pathsep)[0] != _SRC:
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [_SRC, os.environ.get("PYTHONPATH")]))
 
 
 def _load():
