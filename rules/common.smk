@@ -14,7 +14,7 @@ from mwm.names import UNCONSTRAINED, parse_variant
 from mwm.numerics import VERSION as NUMERICS
 from mwm.owner import check_owner, claim
 from mwm.dvcgen import PERSISTENT, stage_name
-from mwm.paths import CONFIG_ENV, checkout_relative, inside, leads_out
+from mwm.paths import CONFIG_ENV, checkout_relative, first_on_pythonpath, inside, leads_out
 from mwm.runs import RESULTS_ROOT, RUN_FILES, capture_variants, capture_window, check_grid, grid_variants, run_config
 from mwm import stages
 from mwm.site import site_resources
@@ -30,9 +30,7 @@ CONFIG_FILE = checkout_relative(
 os.environ[CONFIG_ENV] = CONFIG_FILE
 # Every job's python finds the package of this checkout, whatever environment runs it (--sdm conda
 # builds one from envs/mwm.yaml, which holds the dependencies only; SLURM jobs inherit this).
-_SRC = os.path.join(workflow.basedir, "src")
-if os.environ.get("PYTHONPATH", "").split(os.pathsep)[0] != _SRC:
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [_SRC, os.environ.get("PYTHONPATH")]))
+first_on_pythonpath(os.path.join(workflow.basedir, "src"))
 
 
 def _load():

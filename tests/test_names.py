@@ -22,7 +22,7 @@ from mwm.dvcgen import PERSISTENT, stage_name
 from mwm.launch import ranks_per_run
 from mwm.names import UNCONSTRAINED
 from mwm.numerics import VERSION
-from mwm.paths import checkout_relative, inside, leads_out
+from mwm.paths import checkout_relative, first_on_pythonpath, inside, leads_out
 from mwm.runs import RUN_FILES, check_grid, expected_identity, grid_variants, identity_problem, run_config
 from mwm.setaside import foreign_problem, foreign_root, next_marker, retrain_markers
 from mwm.site import site_resources

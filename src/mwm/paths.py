@@ -20,7 +20,7 @@ from pathlib import Path
 from .errors import ConfigError
 
 __all__ = ["UnsafePathError", "NAME_PATTERN", "CONFIG_ENV", "check_component", "inside", "check_out_root",
-           "checkout_relative", "leads_out"]
+           "checkout_relative", "leads_out", "first_on_pythonpath"]
 
 #: The environment variable through which the workflow hands its config file to the data stage (whose
 #: params hold only the data section, so configs sharing a dataset do not rerun each other's).
@@ -71,6 +71,14 @@ def leads_out(path: str | Path, root: str | Path = ".") -> str | None:
     one outside the repository, after running its stage."""
     real, base = os.path.realpath(os.path.dirname(os.path.abspath(path))), os.path.realpath(root)
     return None if os.path.commonpath([base, real]) == base else real
+
+
+def first_on_pythonpath(folder: str | Path) -> None:
+    """Put ``folder`` first on this process's ``PYTHONPATH`` (once), for the processes it starts."""
+    folder = str(folder)
+    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if parts[:1] != [folder]:
+        os.environ["PYTHONPATH"] = os.pathsep.join([folder, *parts])
 
 
 def check_out_root(path: str | Path, what: str = "--out") -> Path:
