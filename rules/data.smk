@@ -10,6 +10,8 @@ rule prepare_data:
         f"{LOGS}/prepare_data.log",
     benchmark:
         bench("data")
+    # on the submit host where compute nodes are offline (workflow.data_on_submit_host)
+    localrule: CFG["workflow"]["data_on_submit_host"]
     threads: threads("data")
     resources:
         **res("data"),

@@ -246,3 +246,25 @@ def test_cluster_script_parses_and_refuses_unknown_commands():
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     proc = subprocess.run(["bash", str(script), "frobnicate"], capture_output=True, text=True)
     assert proc.returncode == 2 and "start|stop|status" in proc.stderr
+
+
+def test_the_data_job_runs_on_the_submit_host_where_a_config_says_so():
+    """workflow.data_on_submit_host (the OpenWebText configs): the download and tokenization run where
+    Snakemake runs, for clusters whose compute nodes are offline; other configs submit it."""
+    script = (
+        "import sys\nfrom pathlib import Path\nfrom snakemake.api import SnakemakeApi\n"
+        "from snakemake.settings.types import ConfigSettings, OutputSettings, ResourceSettings, StorageSettings\n"
+        "with SnakemakeApi(OutputSettings(quiet=None)) as api:\n"
+        "    wf = api.workflow(resource_settings=ResourceSettings(cores=1), storage_settings=StorageSettings(),\n"
+        "                      config_settings=ConfigSettings(configfiles=[Path(sys.argv[1])]),\n"
+        "                      snakefile=Path('Snakefile'), workdir=Path('.'))\n"
+        "    print(sorted(wf._workflow._localrules))\n")
+    for config, local in (("config/paper.yaml", True), ("config/ci.yaml", False)):
+        assert load_config(ROOT / config)["workflow"]["data_on_submit_host"] is local
+        env = {k: v for k, v in os.environ.items() if k != "SNAKEMAKE_PROFILE"}
+        proc = subprocess.run([sys.executable, "-c", script, config], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        rules = proc.stdout.strip().splitlines()[-1]
+        assert ("'prepare_data'" in rules) is local, (config, rules)
+        assert "'set_aside_foreign_run'" in rules  # the workflow's own local rule, for comparison
