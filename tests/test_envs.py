@@ -11,7 +11,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def pyproject_requirements() -> set[str]:
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())
     reqs = set(data["project"]["dependencies"])
-    reqs |= set(data["project"]["optional-dependencies"].get("workflow", []))
+    for extra in ("workflow", "loggers"):  # what the rules run (a config may choose a logger)
+        reqs |= set(data["project"]["optional-dependencies"].get(extra, []))
     return {r.replace(" ", "") for r in reqs}
 
 

@@ -394,6 +394,7 @@ class Run:
 
         self.train_sampler = Sampler(self.data.split("train"), self.mcfg.block_size, seed=10_000 + seed)
         self._prefetched = None  # (step, sampler state before its draw, its indices, its first micro-batch)
+        self.live = None  # the live loggers (workflow.loggers), opened with the logs
         self.batches = FixedBatches(self.data, self.mcfg.block_size, tc, self.device)
         # the parts log through a printer that holds no reference to the run (no cycle:
         # a finished Run is freed at once, with its model and optimizer state)
@@ -413,6 +414,12 @@ class Run:
     def open_logs(self, resume_step: int):
         if self.master:
             self.logs = self.folder.open_logs(LOG_COLUMNS, resume_step)
+            names = self.cfg.get("workflow", {}).get("loggers") or []
+            if names:  # live curves (mwm.live), rebuilt from the CSVs just cut back to resume_step
+                from .live import LiveLogs, TeeLog
+
+                self.live = LiveLogs(names, self.dir, {k: log.path for k, log in self.logs.items()})
+                self.logs = {k: TeeLog(log, k, self.live) for k, log in self.logs.items()}
 
     # -- checkpoint -----------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -448,6 +455,8 @@ class Run:
     def save_checkpoint(self):
         if self.master:
             atomic_torch_save(self.ckpt_path, self.state_dict())
+            if self.live is not None:
+                self.live.flush()
             self.folder.save_mirror()
 
     def try_resume(self) -> int:
@@ -663,6 +672,8 @@ class Run:
         self.write_summary()
         if self.master:
             self.folder.drop_checkpoint()
+            if self.live is not None:
+                self.live.close()
         self.log(f"done: status {self.divergence.status}" + (" (stopped at onset)" if stopped else ""))
 
     def run(self) -> int:
