@@ -2,6 +2,7 @@
 import json
 import os
 import shlex
+import signal
 import sys
 
 from snakemake.exceptions import WorkflowError
@@ -151,6 +152,12 @@ onstart:
     claim(RESULTS_ROOT, CFG, CONFIG_FILE)  # a real run (not a dry run) records the name's config file
 
 
+# SLURM sends the warning signal (SIGUSR1) to every process of a job's step, this job's own snakemake
+# too, which it would kill; ignored here and so in the shell, it reaches the training process, whose
+# handler checkpoints.
+if workflow.remote_exec or workflow.subprocess_exec:
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
 # Snakemake locks the folder while a DAG runs and refuses a second one, suggesting --unlock, which would
 # break the first. Say what to do before that (not in the jobs of a run, which see its own lock).
 _LOCKS = os.path.join(".snakemake", "locks")
@@ -210,6 +217,9 @@ def res(stage):
     except ConfigError as exc:
         raise WorkflowError(str(exc))
     out = {"mem_mb": r["mem_mb"], "runtime": r["runtime"], **site}
+    if stage == "train" and CFG["workflow"]["warning_signal_s"]:
+        # SLURM's warning before the time limit: the run checkpoints and exits 75 (ignored elsewhere)
+        out["slurm_extra"] = f"--signal=USR1@{CFG['workflow']['warning_signal_s']}"
     if stage == "train" and ranks_per_run(CFG) > 1:
         # mwm.train starts the ranks itself (torchrun --standalone): one task on one node
         # with every GPU and thread of the run (SLURM tasks would rerun the whole job step)

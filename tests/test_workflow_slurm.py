@@ -268,3 +268,51 @@ def test_the_data_job_runs_on_the_submit_host_where_a_config_says_so():
         rules = proc.stdout.strip().splitlines()[-1]
         assert ("'prepare_data'" in rules) is local, (config, rules)
         assert "'set_aside_foreign_run'" in rules  # the workflow's own local rule, for comparison
+
+
+def _cluster_up() -> bool:
+    try:
+        return subprocess.run(["sinfo", "-h"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+@pytest.mark.skipif(not _cluster_up(), reason="no SLURM cluster here (bash scripts/slurm_cluster.sh start)")
+def test_the_warning_signal_before_the_time_limit_checkpoints_and_the_retry_resumes(tmp_path):
+    """On a real scheduler: a training job whose time limit is too short for the run gets SIGUSR1
+    (workflow.warning_signal_s) while it trains, checkpoints there (its only checkpoint: the interval is
+    past the run), exits 75, and Snakemake's retry resumes from it to a completed run with every step
+    once. About 3 minutes, so .ci/run (30 minutes in all) does not run it; it runs wherever a cluster
+    is up (bash scripts/slurm_cluster.sh start)."""
+    import test_workflow_runs as W
+    from fakedata import repo_copy
+
+    repo = repo_copy(tmp_path / "repo")
+    cfg = yaml.safe_load(yaml.safe_dump(W.BASE))
+    cfg["name"] = "warned"
+    cfg["train"].update({"max_iters": 30000, "lr_decay_iters": 30000, "eval_interval": 10000,
+                         "checkpoint_interval": 10 ** 6, "log_interval": 1000})
+    cfg["grid"] = {"assignments": ["none"], "seeds": [0]}
+    cfg["workflow"].update({"retries": 2, "warning_signal_s": 90})
+    cfg["workflow"]["resources"]["train"] = {"threads": 1, "mem_mb": 500, "runtime": 3}
+    (repo / "config" / "warned.yaml").write_text(yaml.safe_dump(cfg))
+    env = {k: v for k, v in os.environ.items() if k != "SNAKEMAKE_PROFILE" and not k.startswith("MWM_SLURM_")}
+    env.update(PYTHONPATH=str(repo / "src"), MWM_SLURM_PARTITION="debug")
+    run = "results/runs/warned/none/seed0/summary.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--profile", str(ROOT / "slurm"), "--configfile", "config/warned.yaml",
+         "--jobs", "1", "--latency-wait", "10", "--slurm-init-seconds-before-status-checks", "2",
+         "--seconds-between-status-checks", "2", "--", run],
+        cwd=repo, env=env, capture_output=True, text=True, timeout=900)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    # one SLURM job: the warning came inside it, and the job's own snakemake (which ignores it) retried
+    # the run there; without the warning the job would time out and a second one be submitted
+    assert len(re.findall(r"has been submitted with SLURM jobid \d+ \(log: \S*rule_train", out)) == 1, out[-4000:]
+    log = (repo / "logs" / "warned" / "train" / "none" / "seed0.log").read_text()
+    m = re.search(r"resumed from \S+ at step (\d+)", log)
+    assert m and 0 < int(m.group(1)) < 30000, log[-3000:]
+    summary = yaml.safe_load((repo / run).read_text())
+    assert summary["status"] == "completed" and summary["steps_done"] == 30000
+    steps = [line.split(",")[0] for line in (repo / run).with_name("metrics.csv").read_text().splitlines()[1:]]
+    assert steps == [str(i) for i in range(30000)]
