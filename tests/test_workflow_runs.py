@@ -160,7 +160,8 @@ def test_launched_ranks_checkpoint_and_exit_75_on_a_scheduler_signal(tmp_path):
     import signal
     import time
 
-    long = {**LONG, "max_iters": 2000, "lr_decay_iters": 2000, "eval_interval": 1000, "checkpoint_interval": 1000}
+    long = {**LONG, "max_iters": 2000, "lr_decay_iters": 2000, "eval_interval": 1000, "checkpoint_interval": 1000,
+            "grad_accum": 2}  # one micro-batch per rank
     cfg = write_config(tmp_path, "sig", train=long, grid=DDP, workflow={**BASE["workflow"], "ranks_per_run": 2})
     env = dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     prep = subprocess.run([sys.executable, "-m", "mwm.data", "prepare", "--config", str(cfg)], cwd=tmp_path, env=env,
