@@ -247,7 +247,10 @@ def time_retractions(repeats, bank=1):
                 t[k] = statistics.median(samples)
                 totals[k] += t[k]
             ref = retract_dgram_svd(X.double())
-            e = {k: max(rel(fns[k](X)[i].double(), ref[i]) for i in range(bank)) for k in errs}
+            e = {}
+            for k in errs:
+                Y = fns[k](X).double()
+                e[k] = max(rel(Y[i], ref[i]) for i in range(bank))
             for k in errs:
                 errs[k].append(e[k])
             print(f"{kind:<9} {str(shape):<12} {t['svd']:>8.4f} {t['paper']:>8.4f} {t['colnorm']:>10.4f} "

@@ -29,6 +29,9 @@ CONFIG_FILE = checkout_relative(
 # The data job reads it from here, not from its params, since a dataset's identity is its data
 # section, whichever config asked for it (configs sharing a data folder do not invalidate each other).
 os.environ[CONFIG_ENV] = CONFIG_FILE
+# This Snakefile is also read by the snakemake each job runs (a SLURM job, a subprocess): there the
+# workflow-wide checks and settings below are the main run's, already done.
+IN_JOB = workflow.remote_exec or workflow.subprocess_exec
 # Every job's python finds the package of this checkout, whatever environment runs it (--sdm conda
 # builds one from envs/mwm.yaml, which holds the dependencies only; SLURM jobs inherit this).
 first_on_pythonpath(os.path.join(workflow.basedir, "src"))
@@ -84,7 +87,7 @@ def validated_snakemake_config():
 
 
 CFG = _load()
-if not (workflow.remote_exec or workflow.subprocess_exec):
+if not IN_JOB:
     # every job (SLURM ones through sbatch --export=ALL) refuses the file if it is edited from now on
     os.environ[PLANNED_ENV] = planned_stamp(CONFIG_FILE, CFG)
 NAME = CFG["name"]
@@ -101,7 +104,7 @@ def _check_data():
     """A prepared data folder is judged here, before any job: found inside each training job, a
     damaged bin would fail it after Snakemake had deleted that run's outputs. The verdict is cached
     (mwm.data's .verified.json), so only a changed bin is hashed again."""
-    if workflow.remote_exec or workflow.subprocess_exec or _meta(dataset_dir(CFG["data"]) / "meta.json") is None:
+    if IN_JOB or _meta(dataset_dir(CFG["data"]) / "meta.json") is None:
         return  # a job's entry point checks its own data; a folder not made yet is the data job's
     try:
         ds = TokenDataset(DATA)
@@ -126,7 +129,7 @@ def _check_dvc_stage():
     the repository (a symlinked data/ or results/) is refused before it runs; DVC, unable to git-ignore
     them there, would fail only after it. The data stage's outputs persist, so DVC deleted none of them."""
     stage = os.environ.get("DVC_STAGE", "").rpartition(":")[2]
-    if not stage or workflow.remote_exec or workflow.subprocess_exec:
+    if not stage or IN_JOB:
         return
     folders = {"data": DATA, "train": RUNS, "studies": STUDIES, "report": f"paper_figures/{NAME}"}
     for kind, folder in folders.items():
@@ -155,13 +158,13 @@ onstart:
 # SLURM sends the warning signal (SIGUSR1) to every process of a job's step, this job's own snakemake
 # too, which it would kill; ignored here and so in the shell, it reaches the training process, whose
 # handler checkpoints.
-if workflow.remote_exec or workflow.subprocess_exec:
+if IN_JOB:
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 # Snakemake locks the folder while a DAG runs and refuses a second one, suggesting --unlock, which would
 # break the first. Say what to do before that (not in the jobs of a run, which see its own lock).
 _LOCKS = os.path.join(".snakemake", "locks")
-if not (workflow.remote_exec or workflow.subprocess_exec) and os.path.isdir(_LOCKS) and os.listdir(_LOCKS):
+if not IN_JOB and os.path.isdir(_LOCKS) and os.listdir(_LOCKS):
     print(f"mwm: a Snakemake run holds this folder ({_LOCKS}). Several configs run in one DAG after another, or "
           "in separate checkouts that share data/ (docs/running.md, 'Several configs'). Use --unlock only when "
           "no Snakemake runs here (a killed run leaves its lock behind).", file=sys.stderr)

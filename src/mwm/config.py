@@ -346,7 +346,10 @@ def load_config(path: str | Path, overrides: Iterable[str] = ()) -> dict:
         raise ConfigError(f"config file {path} must hold a mapping at top level, got {type(raw).__name__}")
     raw.setdefault("name", path.stem)
     if os.environ.get(PLANNED_ENV):
-        _check_planned(path, validate(copy.deepcopy(raw), source=str(path)))
+        as_filed = validate(copy.deepcopy(raw), source=str(path))  # the file's own settings, as planned
+        _check_planned(path, as_filed)
+        if not overrides:
+            return as_filed
     return validate(apply_overrides(raw, overrides), source=str(path))
 
 

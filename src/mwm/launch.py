@@ -47,9 +47,7 @@ def ranks_per_run(cfg: dict) -> int:
     ranks = wf.get("ranks_per_run")
     if ranks is None:
         ranks = max(gpu, 1)
-        accum_per_rank(cfg["train"], ranks)
-        return ranks
-    if gpu > 0 and ranks != gpu:
+    elif gpu > 0 and ranks != gpu:
         raise ConfigError(f"workflow.ranks_per_run={ranks} but workflow.resources.train.gpu={gpu}: "
                           "a run has one rank per GPU (leave ranks_per_run null to follow gpu)")
     accum_per_rank(cfg["train"], ranks)

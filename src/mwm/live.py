@@ -18,11 +18,10 @@ import shutil
 from pathlib import Path
 from typing import Iterable
 
-__all__ = ["LOGGERS", "FOLDERS", "scalars", "LiveLogs"]
+__all__ = ["LOGGERS", "scalars", "LiveLogs", "TeeLog"]
 
-#: The loggers a config may choose, and the folder of the run each writes.
-FOLDERS = {"tensorboard": "tensorboard", "dvclive": "dvclive"}
-LOGGERS = tuple(FOLDERS)
+#: The loggers a config may choose; each writes the run's folder of its own name.
+LOGGERS = ("tensorboard", "dvclive")
 
 
 def scalars(table: str, row: dict) -> list[tuple[str, float]]:
@@ -49,15 +48,15 @@ class LiveLogs:
         self.dir = Path(run_dir)
         self.tb = self.live = None
         for name in names:
-            shutil.rmtree(self.dir / FOLDERS[name], ignore_errors=True)  # rebuilt below from the CSVs
+            shutil.rmtree(self.dir / name, ignore_errors=True)  # rebuilt below from the CSVs
         if "tensorboard" in names:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(log_dir=str(self.dir / FOLDERS["tensorboard"]))
+            self.tb = SummaryWriter(log_dir=str(self.dir / "tensorboard"))
         if "dvclive" in names:
             from dvclive import Live
 
-            self.live = Live(dir=str(self.dir / FOLDERS["dvclive"]), save_dvc_exp=False, dvcyaml=None, report=None)
+            self.live = Live(dir=str(self.dir / "dvclive"), save_dvc_exp=False, dvcyaml=None, report=None)
         from .io import read_csv_rows
 
         for table, path in tables.items():

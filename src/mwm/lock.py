@@ -111,6 +111,11 @@ class RunLock:
         except OSError:
             return None
 
+    @staticmethod
+    def _stale_after(holder: dict) -> float:
+        """Seconds without a heartbeat after which another host's lock is stale."""
+        return SLURM_STALE_AFTER_S if holder.get("slurm_job") else STALE_AFTER_S
+
     def _stale(self, holder: dict) -> bool:
         if holder.get("host") != self.host:
             age = self._age()
@@ -121,8 +126,7 @@ class RunLock:
                 state = slurm_job_state(job)
                 if state == "" or (state and state.split()[0] not in _SLURM_LIVE):
                     return True
-            limit = SLURM_STALE_AFTER_S if job else STALE_AFTER_S
-            return age is not None and age > limit
+            return age is not None and age > self._stale_after(holder)
         if not isinstance(holder.get("pid"), int):
             return False
         pid = holder["pid"]
@@ -186,9 +190,8 @@ class RunLock:
                                 f"no process is using the run")
             if not self._stale(holder):
                 age = self._age() or 0.0
-                limit = SLURM_STALE_AFTER_S if holder.get("slurm_job") else STALE_AFTER_S
                 advice = ("wait for it to finish or stop it" if holder.get("host") == self.host else
-                          f"its last heartbeat was {age:.0f} s ago; it is taken over after {limit:.0f} s "
+                          f"its last heartbeat was {age:.0f} s ago; it is taken over after {self._stale_after(holder):.0f} s "
                           f"without one, or delete {self.path} once that process is known to be gone")
                 raise RunLocked(f"{self.folder} is in use by {self.describe(holder)} (lock {self.path}); "
                                 f"{advice}")
