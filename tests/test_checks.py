@@ -1,7 +1,7 @@
-"""mwm.checks: what a config alone tells, checked before any job (issue 24, item 3).
+"""mwm.checks: what a config alone tells, checked before any job.
 
-Before, n_embd % n_head, a grid.custom pattern matching nothing and a split shorter than
-block_size failed only inside a train job, after the data and the studies had run."""
+n_embd % n_head, a grid.custom pattern matching nothing and a split shorter than block_size
+are refused by the config check, not inside a train job after the data and the studies ran."""
 
 from __future__ import annotations
 

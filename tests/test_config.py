@@ -28,7 +28,7 @@ def alias_bomb(levels: int = 9, width: int = 9) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _limit_memory():  # the old code expanded the bomb: 1.7-2.3 GB, then killed
+def _limit_memory():  # expanding the bomb would take 1.7-2.3 GB: the child is capped at 1 GB
     resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
 
 
@@ -161,7 +161,7 @@ def test_a_schema_default_comes_from_mwm_names_once():
             config._vocab({"x": {"$default": bad}}, "train.yaml")
 
 
-# -- moved from the issue-13 file: config names and numbers ----------
+# -- config names and numbers ----------
 
 @pytest.mark.parametrize("name", ["..", ".", ".hidden", "-rf", "a/b", "a b", ""])
 def test_schema_refuses_unsafe_config_names(tmp_path, name):

@@ -308,7 +308,7 @@ def test_config_data_section(tmp_path):
 def test_cli(tmp_path, corpus, capsys):
     out = tmp_path / "cli"
     cfg = tmp_path / "c.yaml"
-    # (model.block_size: prepare --config checks the splits against the config's model, issue 24 item 3)
+    # (model.block_size: prepare --config checks the splits against the config's model)
     cfg.write_text(f"data:\n  corpus: text\n  paths: ['{corpus[0].parent}/*.txt']\n  val_fraction: 0.2\n"
                    "model:\n  block_size: 64\n")
     assert main(["prepare", "--config", str(cfg), "--vocab-size", "30", "--num-proc", "1",
@@ -361,7 +361,7 @@ def test_prepare_removes_work_folders_of_killed_prepares(tmp_path, corpus):
     assert "host elsewhere" in text and "older prepare" in text
 
 
-# -- moved from the issue-13 file: training verifies the bins; a full disk in prepare ----------
+# -- training verifies the bins; a full disk in prepare ----------
 
 TEXT_DATA = {"corpus": "text", "paths": ["corpus/*.txt"], "vocab_size": 64, "num_proc": 1}
 

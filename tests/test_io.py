@@ -75,7 +75,7 @@ def test_a_full_disk_during_torch_save_raises_the_os_error_and_keeps_the_old_fil
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]  # no temp file left
 
 
-# -- moved from the issue-13 file: umask and strict JSON ----------
+# -- umask and strict JSON ----------
 
 @pytest.mark.parametrize("mask,mode", [(0o022, 0o644), (0o027, 0o640)])
 def test_written_files_honour_the_umask(tmp_path, fake_data, mask, mode):

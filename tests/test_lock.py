@@ -74,7 +74,7 @@ def test_lock_of_another_host_is_broken_only_without_heartbeat(tmp_path, capsys)
     RunLock(tmp_path / "free").release()
 
 
-# -- moved from the issue-13 file: the holder's heartbeat ----------
+# -- the holder's heartbeat ----------
 
 def test_lock_holder_keeps_its_heartbeat(tmp_path, monkeypatch):
     import mwm.lock

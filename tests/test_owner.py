@@ -1,7 +1,7 @@
-"""mwm.owner: a config name's results belong to one config file (issue 24, item 2).
+"""mwm.owner: a config name's results belong to one config file.
 
-Before, config/mine.yaml copied from ci.yaml with one learning rate changed and `name: ci`
-kept planned all its jobs into results/runs/ci and paper_figures/ci, silently."""
+A config/mine.yaml copied from ci.yaml with one learning rate changed and `name: ci` kept is
+refused, rather than planning its jobs into results/runs/ci and paper_figures/ci."""
 
 from __future__ import annotations
 

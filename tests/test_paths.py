@@ -48,7 +48,7 @@ def test_a_new_or_existing_folder_is_accepted_and_nothing_is_created(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-# -- moved from the issue-13 file: paths stay inside their parent ----------
+# -- paths stay inside their parent ----------
 
 def test_inside_refuses_escapes(tmp_path):
     from mwm.paths import UnsafePathError, inside

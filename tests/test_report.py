@@ -140,7 +140,7 @@ def test_a_run_that_is_not_the_configs_own_is_refused_naming_the_keys(results, t
         build(cfg, copy, tmp_path / "pf4")
 
 
-# -- moved from the issue-13 file: the report checks the logs back each summary ----------
+# -- the report checks the logs back each summary ----------
 
 def test_report_refuses_a_summary_its_logs_do_not_back(tmp_path, fake_data):
     """What an interrupted rerun left before the fix: the old summary over logs cut to step 0."""

@@ -97,8 +97,8 @@ def _overwrite_identity(summary_path, cfg, variant, seed, lr):
 
 
 def test_snakemake_retrains_a_finished_run_that_is_not_the_configs(tmp_path):
-    """Before, `snakemake -n all` after such a hand run planned the report alone (which refuses the
-    run) and said to use --forcerun. Now the run is out of date: it is moved to
+    """After such a hand run, `snakemake -n all` plans the run as out of date (not the report
+    alone, which would refuse the run): it is moved to
     results/hand/foreign/ (nothing lost), retrained, the report remade, and a second
     `snakemake -n all` has nothing to do. (The ci config with two runs: the whole DAG, cheaper.)"""
     import pytest

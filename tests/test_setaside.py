@@ -1,5 +1,5 @@
 """mwm.setaside: a finished run that is not the config's own is moved aside (nothing lost) and a
-marker written, which the workflow's train job of that run takes as an input (issue 24)."""
+marker written, which the workflow's train job of that run takes as an input."""
 
 from __future__ import annotations
 

@@ -135,7 +135,7 @@ def test_a_real_run_logs_progress_and_reads_completed(fake_data, tmp_path, capsy
     assert got["none"].status == "pending"
 
 
-# -- issue 24 ---------------------------------------------------------------------------------------
+# -- runs that are not the config's own --------------------------------------------------------
 def test_a_run_that_is_not_the_configs_own_is_flagged_naming_the_keys(cfg, tmp_path, capsys, monkeypatch):
     from mwm.config import config_hash
     from mwm.runs import expected_identity

@@ -255,7 +255,7 @@ def test_model_and_optimizers_are_built_on_the_cpu_then_moved(tmp_path, monkeypa
     assert held and all(id(p) in params and p.device.type == "meta" for p in held)
 
 
-# ------------------------------------------------------------------ issue 24: whose run is it
+# ------------------------------------------------------------------ whose run is it
 def test_summary_records_the_run_identity_it_hashes(tmp_path):
     from mwm.config import config_hash
     from mwm.runs import expected_identity
@@ -350,7 +350,7 @@ def test_bad_seed_and_output_roots_are_refused_before_the_run(tmp_path, monkeypa
     assert started == [] and not (tmp_path / "o").exists()
 
 
-# -- moved from the issue-13 file: interrupted reruns, checkpoints, command line, signals ----------
+# -- interrupted reruns, checkpoints, command line, signals ----------
 
 def test_interrupted_rerun_leaves_no_summary_the_logs_do_not_back(tmp_path):
     cfg = fakedata.write_config(tmp_path / "tiny.yaml", train__max_iters=300, train__lr_decay_iters=300,

@@ -193,8 +193,8 @@ def test_a_config_whose_every_run_diverges_still_completes_its_dag(tmp_path, sou
     """Learning rates of 1e6 (AdamW and Muon): every run, and the solver study's captures (its
     own capture trainings, or the grid's runs with source grid), go unstable at once. The DAG
     still ends green: every run `unstable`, the absorption study without pairs, the solver
-    study "not captured" with the reason, and the report showing both (issue 24, item 6:
-    study_solvers used to exit 2)."""
+    study "not captured" with the reason, and the report showing both (study_solvers
+    exits 0)."""
     cfg = yaml.safe_load((ROOT / "config" / "ci.yaml").read_text())
     cfg["name"] = "alldiv"
     cfg["train"].update(learning_rate=1.0e6, muon_lr=1.0e6, keep_final_checkpoint=False)
@@ -253,7 +253,7 @@ def test_snakemake_refuses_an_alias_bomb_at_once(tmp_path):
     assert "config bomb.yaml holds more than 100,000 values once its YAML aliases are expanded" in res.stdout + res.stderr
 
 
-# -- moved from the issue-13 file: the workflow in a throwaway copy ----------
+# -- the workflow in a throwaway copy ----------
 
 @pytest.mark.skipif(not HAS_SNAKEMAKE, reason="snakemake not installed")
 @pytest.mark.parametrize("name", ["..", "."])
