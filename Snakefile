@@ -24,3 +24,29 @@ include: "rules/report.smk"
 rule all:
     input:
         all_targets(),
+
+
+# One target per kind of product (mwm.stages.PRODUCTS): what each DVC stage runs, and handy alone
+# (`snakemake --cores 2 runs`).
+rule data:
+    input:
+        DATA_FILES,
+    localrule: True
+
+
+rule runs:
+    input:
+        run_targets(),
+    localrule: True
+
+
+rule studies:
+    input:
+        study_outputs(*REPORT_STUDIES),
+    localrule: True
+
+
+rule figures:
+    input:
+        all_targets(),
+    localrule: True

@@ -14,7 +14,7 @@ from mwm.launch import ranks_per_run
 from mwm.names import UNCONSTRAINED, parse_variant
 from mwm.numerics import VERSION as NUMERICS
 from mwm.owner import check_owner, claim
-from mwm.dvcgen import PERSISTENT, stage_name
+from mwm.dvcgen import PERSISTENT, folders
 from mwm.paths import CONFIG_ENV, checkout_relative, first_on_pythonpath, inside, leads_out
 from mwm.runs import RESULTS_ROOT, RUN_FILES, capture_variants, capture_window, check_grid, grid_variants, run_config
 from mwm import stages
@@ -131,9 +131,8 @@ def _check_dvc_stage():
     stage = os.environ.get("DVC_STAGE", "").rpartition(":")[2]
     if not stage or IN_JOB:
         return
-    folders = {"data": DATA, "train": RUNS, "studies": STUDIES, "report": f"paper_figures/{NAME}"}
-    for kind, folder in folders.items():
-        real = leads_out(f"{folder}/-", os.environ.get("DVC_ROOT", ".")) if stage == stage_name(kind, NAME) else None
+    for kind, folder in folders(CFG).items():
+        real = leads_out(f"{folder}/-", os.environ.get("DVC_ROOT", ".")) if stage == kind else None
         if real:
             kept = "nothing was deleted" if kind in PERSISTENT else "DVC removed the stage's outputs before this"
             raise WorkflowError(

@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-__all__ = ["Stage", "STAGES", "STUDIES", "REPORT_INPUTS", "rule_file_sections", "study_files", "report_category"]
+__all__ = ["Stage", "STAGES", "STUDIES", "REPORT_INPUTS", "PRODUCTS", "products", "rule_file_sections", "study_files",
+           "report_category"]
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,20 @@ STUDIES = ("alpha", "absorption", "audits", "solvers")
 #: the grid's training runs (the rules' report inputs; ``mwm.status`` lists these and no others).
 REPORT_INPUTS = {"full": (STUDIES, True), "solvers": (("solvers",), False), "sweep": ((), True),
                  "mechanism": (("solvers",), True)}
+
+
+#: The kinds of product a config makes, in DAG order; each is a Snakemake target rule (the Snakefile)
+#: and a DVC stage (:mod:`mwm.dvcgen`) tracking one folder.
+PRODUCTS = ("data", "runs", "studies", "figures")
+
+
+def products(cfg: dict) -> tuple[str, ...]:
+    """The kinds of product ``cfg`` makes: runs when its report reads them or the solver study captures
+    from grid runs, studies when its report reads any."""
+    studies, with_runs = REPORT_INPUTS[cfg["workflow"]["report"]]
+    captures = "solvers" in studies and cfg["studies"]["solvers"]["source"] == "grid"
+    made = {"data": True, "runs": with_runs or captures, "studies": bool(studies), "figures": True}
+    return tuple(k for k in PRODUCTS if made[k])
 
 
 def rule_file_sections(rule_file: str) -> tuple[str, ...]:
