@@ -295,7 +295,9 @@ def test_stage_folders_hold_exactly_the_rules_outputs():
         for name, st in stages.items():
             allowed = re.search(r"--allowed-rules (.+?) -- ", st["cmd"]).group(1).split()
             folders[out_path(st["outs"][0])] = allowed
-        for out, rule, *_ in rows:
+        for out, _date, rule, *_ in rows:
+            if IGNORED & set(Path(out).parts):
+                continue  # the workflow's own records (.dvcignore)
             if rule == "prepare_data" and not any(out.startswith(f + "/") for f in folders):
                 continue  # a dataset another pipeline tracks
             owner = [f for f in folders if out == f or out.startswith(f + "/")]
@@ -399,10 +401,11 @@ def test_report_rebuilds_tables_identically(ws):
 def test_corrupted_file_is_reported_and_restored(ws):
     root, env, stages = ws["root"], ws["env"], ws["stages"]
     victim = next(f for f in ws["files"] if f.endswith("eval.csv"))
+    folder = out_path(stages["runs"]["outs"][0])
     (root / victim).write_text("step,train_loss,val_loss\n0,nan,nan\n")
     status = run(["dvc", "status", "dvc.yaml"], root, env).stdout
-    assert "modified" in status and victim in status
-    run(["dvc", "checkout", "--force", victim], root, env)
+    assert "modified" in status and folder in status
+    run(["dvc", "checkout", "--force", folder], root, env)
     assert md5(root / victim) == ws["before"][victim]
     assert "up to date" in run(["dvc", "status", "dvc.yaml"], root, env).stdout
 

@@ -18,7 +18,7 @@ PARSE_TIME = """
 import sys
 from mwm.config import PLANNED_ENV, ConfigError, exponent_floats, load_config, planned_stamp, validate
 from mwm.data import DataError, TokenDataset, dataset_dir
-from mwm.dvcgen import PERSISTENT, stage_name
+from mwm.dvcgen import PERSISTENT, folders
 from mwm.launch import ranks_per_run
 from mwm.names import UNCONSTRAINED
 from mwm.numerics import VERSION
@@ -43,7 +43,7 @@ foreign_root("/nonexistent", cfg["name"])
 retrain_markers("/nonexistent", cfg["name"], "none", "0")
 next_marker("/nonexistent", cfg["name"], "none", "0")
 planned_stamp("config/ci.yaml", cfg)
-stage_name("data", cfg["name"])
+folders(cfg)
 leads_out("data/x/train.bin")
 site_resources(1, {"MWM_SLURM_GPU_PARTITION": "gpu"})
 print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
