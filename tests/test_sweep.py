@@ -8,7 +8,8 @@ import pytest
 
 from mwm.checks import check_config
 from mwm.config import ConfigError, load_config, validate
-from mwm.runs import assignment_spec, config_run_identity, grid_variants, run_config
+from mwm.runs import config_run_identity, grid_variants, run_config
+from mwm.sweep import assignment_spec
 from mwm.sweep import intervention_keys, intervention_label, rate_label, sweep_overrides, sweep_points, sweep_variant
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -43,7 +43,7 @@ def check_run(cfg: dict, assignment: str, source: str | None = None) -> None:
     shape that can be built and, for a grid.custom assignment, patterns that match its hidden matrices.
     The grid-wide checks (the solver study's capture window, the sweep) are :func:`check_config`'s."""
     from .layout import check_dims, hidden_matrix_names, match_patterns, model_shape
-    from .runs import assignment_spec
+    from .sweep import assignment_spec
 
     where = _source(cfg, source)
     m = cfg["model"]

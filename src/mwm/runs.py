@@ -8,11 +8,19 @@ workflow output, so they survive a failed attempt and a retry resumes).
 
 from __future__ import annotations
 
+import copy
+import json
+import shutil
 from pathlib import Path
 
-from .names import COLNORM_SUFFIX, NAMED_ASSIGNMENTS, is_colnorm, uses_dgram, variant_name
+from .config import ConfigError, config_hash, validate
+from .io import CsvLog, atomic_write, read_csv_rows
+from .names import COLNORM_SUFFIX, NAMED_ASSIGNMENTS, is_colnorm, parse_variant, uses_dgram, variant_name
+from .numerics import VERSION, version_problem
+from .paths import inside
+from .sweep import assignment_spec, sweep_overrides, sweep_points, sweep_variant, sweep_variants
 
-__all__ = ["RUN_FILES", "capture_variants", "capture_window", "run_dir", "checkpoint_dir", "grid_variants", "assignment_spec", "check_grid",
+__all__ = ["RUN_FILES", "capture_variants", "capture_window", "run_dir", "checkpoint_dir", "grid_variants", "check_grid",
            "run_config", "run_identity", "config_run_identity", "expected_identity", "identity_diff",
            "identity_problem", "identity_checkable", "RESULTS_ROOT", "HAND_FOLDER"]
 
@@ -29,30 +37,8 @@ HAND_FOLDER = "hand"
 RUN_FILES = ("summary.json", "metrics.csv", "eval.csv", "spectral.csv", "attention.csv", "solver.csv")
 
 
-def assignment_spec(grid: dict, name: str):
-    """The assignment a grid name stands for: a named one, or a custom pattern mapping."""
-    from .config import ConfigError
-
-    from .sweep import sweep_points
-
-    custom = grid.get("custom", {})
-    point = sweep_points(grid).get(name)
-    if point is not None:  # a sweep variant trains its assignment (at its rate: run_config)
-        name = point[0]
-    if name in custom:
-        return dict(custom[name])
-    if name in NAMED_ASSIGNMENTS:
-        return name
-    raise ConfigError(
-        f"grid.assignments: unknown assignment {name!r}; choose one of {', '.join(NAMED_ASSIGNMENTS)} "
-        f"or define it under grid.custom (defined: {', '.join(custom) or 'none'})"
-    )
-
-
 def check_grid(grid: dict) -> None:
     """Raise ConfigError for grid names that are neither named nor custom, or clash."""
-    from .config import ConfigError
-
     clash = sorted(set(grid.get("custom", {})) & set(NAMED_ASSIGNMENTS))
     if clash:
         raise ConfigError(f"grid.custom redefines the named assignment(s) {clash}")
@@ -80,10 +66,6 @@ def check_grid(grid: dict) -> None:
 def run_config(cfg: dict, assignment: str) -> dict:
     """``cfg`` with ``grid.train_overrides[assignment]`` merged into its train section
     (validated; a copy). The config of every run of that assignment."""
-    import copy
-
-    from .config import ConfigError, validate
-    from .sweep import sweep_overrides, sweep_points
 
     point = sweep_points(cfg["grid"]).get(assignment)
     if point is not None:  # a sweep variant: its assignment's config, then its rate
@@ -109,8 +91,6 @@ def run_config(cfg: dict, assignment: str) -> dict:
 def capture_variants(cfg: dict) -> list[str]:
     """The grid variants whose runs capture the solver study's sequences (``studies.solvers.source:
     grid``): each of ``studies.solvers.assignments``, at ``studies.solvers.rate`` in a sweep."""
-    from .sweep import sweep_variant
-
     sec = cfg["studies"]["solvers"]
     rate = sec.get("rate")
     return [a if rate is None else sweep_variant(a, rate) for a in sec["assignments"]]
@@ -133,8 +113,6 @@ def run_identity(run_cfg: dict, assignment: str, seed: int, retraction: str) -> 
     (:data:`mwm.numerics.VERSION`). Its :func:`mwm.config.config_hash`
     is the run's ``config_hash`` (checkpoints, summary.json); summary.json also keeps it whole
     (``identity``) so a reader can name the keys in which a run differs from a config."""
-    from .numerics import VERSION
-
     return {"model": run_cfg["model"], "train": run_cfg["train"], "data": run_cfg.get("data"),
             "assignment": assignment, "seed": seed, "retraction": retraction, "numerics": VERSION}
 
@@ -149,16 +127,12 @@ def config_run_identity(cfg: dict, assignment: str, seed: int, retraction: str |
 
 def expected_identity(cfg: dict, variant: str, seed: int) -> dict:
     """The identity the config's own run of ``variant`` (a grid variant) and ``seed`` has."""
-    from .names import parse_variant
-
     assignment, suffix = parse_variant(variant)
     return config_run_identity(cfg, assignment, seed, suffix if is_colnorm(variant) else None)
 
 
 def identity_diff(recorded, expected, where: str = "") -> list[str]:
     """``key: run X, config Y`` for every dotted key in which two identities differ."""
-    import json
-
     if isinstance(recorded, dict) and isinstance(expected, dict):
         out = []
         for key in sorted(set(recorded) | set(expected), key=str):
@@ -185,9 +159,6 @@ def identity_problem(summary: dict, expected: dict) -> str | None:
     A summary that records its ``identity`` is compared key by key; an older one (only
     ``config_hash``) by hash, so its differing keys cannot be named. A run of other numerics
     (:func:`mwm.numerics.version_problem`) is refused with that one line."""
-    from .config import config_hash
-    from .numerics import version_problem
-
     recorded = summary.get("identity")
     if isinstance(recorded, dict):
         if (numerics := version_problem(summary)) is not None:
@@ -209,13 +180,11 @@ def identity_problem(summary: dict, expected: dict) -> str | None:
 
 
 def run_dir(root: str | Path, config_name: str, variant: str, seed: int) -> Path:
-    from .paths import inside
 
     return inside(Path(root) / "runs", config_name, variant, f"seed{seed}", what="run folder (name/variant/seed)")
 
 
 def checkpoint_dir(root: str | Path, config_name: str, variant: str, seed: int) -> Path:
-    from .paths import inside
 
     return inside(Path(root) / "checkpoints", config_name, variant, f"seed{seed}",
                   what="checkpoint folder (name/variant/seed)")
@@ -225,8 +194,6 @@ def grid_variants(grid: dict) -> list[str]:
     """Every variant the config trains: its assignments, plus colnorm copies of the
     DGram-using ones when ``retraction_ablation`` is on; with ``grid.sweep``, each
     assignment at each rate instead (:func:`mwm.sweep.sweep_variants`)."""
-    from .sweep import sweep_variants
-
     if grid.get("sweep"):
         return sweep_variants(grid)
     out = list(grid["assignments"])
@@ -252,7 +219,6 @@ class RunFolder:
     (:func:`checkpoint_dir`). The workflow deletes a failed job's declared outputs (the
     logs) before it retries; the copy lets the retry resume anyway. Rank 0 alone calls
     the methods that write."""
-
     def __init__(self, root: str | Path, config_name: str, variant: str, seed: int):
         self.dir = run_dir(root, config_name, variant, seed)
         self.ckpt_dir = checkpoint_dir(root, config_name, variant, seed)
@@ -262,8 +228,6 @@ class RunFolder:
     def open_logs(self, columns: dict[str, list[str]], resume_step: int) -> dict:
         """``{key: CsvLog}`` for the logs of ``columns`` (keys of :data:`RUN_LOGS`), each
         with its rows at or after ``resume_step`` dropped."""
-        from .io import CsvLog
-
         self.dir.mkdir(parents=True, exist_ok=True)
         logs = {key: CsvLog(self.dir / RUN_LOGS[key], cols) for key, cols in columns.items()}
         for log in logs.values():
@@ -283,8 +247,6 @@ class RunFolder:
 
     def logs_reach(self, step: int) -> bool:
         """Whether metrics.csv holds every step below ``step`` (so a resume can continue it)."""
-        from .io import read_csv_rows
-
         path = self.dir / RUN_LOGS["metrics"]
         if not path.exists():
             return False
@@ -320,8 +282,6 @@ class RunFolder:
 
     def drop_checkpoint(self) -> None:
         """Remove the checkpoint and its copy of the logs (nothing left to resume)."""
-        import shutil
-
         self.ckpt_path.unlink(missing_ok=True)
         shutil.rmtree(self.mirror, ignore_errors=True)
 
@@ -329,9 +289,6 @@ class RunFolder:
 def _copy_run_files(src: Path, dst: Path, replace_steps: bool) -> None:
     """Copy a run's logs, pairs.npz and per-step arrays from ``src`` to ``dst``; per-step
     files already at ``dst`` are kept unless ``replace_steps`` (they never change)."""
-    import shutil
-
-    from .io import atomic_write
 
     for name in (*RUN_LOGS.values(), "pairs.npz"):
         if (src / name).exists():

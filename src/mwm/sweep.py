@@ -21,7 +21,11 @@ Torch-free: the Snakefile imports it.
 
 from __future__ import annotations
 
-__all__ = ["ETA_TAG", "rate_label", "sweep_variant", "sweep_points", "sweep_variants", "sweep_overrides",
+from .config import ConfigError
+from .layout import hidden_matrix_names, match_patterns, model_shape
+from .names import ATTN_KEYS, NAMED_ASSIGNMENTS, NORMALIZE_SCOPES
+
+__all__ = ["assignment_spec", "ETA_TAG", "rate_label", "sweep_variant", "sweep_points", "sweep_variants", "sweep_overrides",
            "check_sweep", "INTERVENTION_KEYS", "SWEEP_REPORTS", "intervention_keys", "intervention_label"]
 
 #: What joins an assignment and its rate in a sweep variant's name.
@@ -51,6 +55,22 @@ def sweep_points(grid: dict) -> dict[str, tuple[str, float]]:
     if not sweep:
         return {}
     return {sweep_variant(a, r): (a, float(r)) for a in grid["assignments"] for r in sweep["muon_lr"]}
+
+
+def assignment_spec(grid: dict, name: str):
+    """The assignment a grid name stands for: a named one, or a custom pattern mapping."""
+    custom = grid.get("custom", {})
+    point = sweep_points(grid).get(name)
+    if point is not None:  # a sweep variant trains its assignment (at its rate: run_config)
+        name = point[0]
+    if name in custom:
+        return dict(custom[name])
+    if name in NAMED_ASSIGNMENTS:
+        return name
+    raise ConfigError(
+        f"grid.assignments: unknown assignment {name!r}; choose one of {', '.join(NAMED_ASSIGNMENTS)} "
+        f"or define it under grid.custom (defined: {', '.join(custom) or 'none'})"
+    )
 
 
 def sweep_variants(grid: dict) -> list[str]:
@@ -91,7 +111,6 @@ def intervention_label(grid: dict, cand: str) -> str:
 
 
 def _modules_of(key: str, value) -> tuple[str, ...]:
-    from .names import NORMALIZE_SCOPES
 
     return NORMALIZE_SCOPES[value] if key == "solver_normalize" else (key.split("_", 1)[0],)
 
@@ -102,9 +121,6 @@ def check_sweep(cfg: dict, where: str) -> None:
     the retraction ablation or a solver comparison beside a sweep (their report is the full one),
     and an intervention whose pair is not in the grid, manifolds differ, whose overrides are not
     intervention settings alone, or whose setting acts on no DGram matrix."""
-    from .config import ConfigError
-    from .layout import model_shape
-    from .runs import assignment_spec
 
     grid = cfg["grid"]
     sweep = grid.get("sweep")
@@ -161,8 +177,6 @@ def check_sweep(cfg: dict, where: str) -> None:
 def _manifolds(spec, n_layer: int) -> object:
     """What an assignment puts on attention and MLP (a named pair, or a custom mapping's patterns
     resolved on the model's hidden-matrix names), so a named and an equal custom one compare equal."""
-    from .layout import hidden_matrix_names, match_patterns
-    from .names import ATTN_KEYS, NAMED_ASSIGNMENTS
 
     hidden = hidden_matrix_names(n_layer)
     if isinstance(spec, str):

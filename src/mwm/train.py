@@ -61,10 +61,11 @@ from .names import RETRACTIONS, parse_variant, uses_dgram, variant_name
 from .quality import QUALITY_COLUMNS, quality_rows
 from .owner import claim
 from .paths import check_out_root, inside
-from .runs import (HAND_FOLDER, RESULTS_ROOT, RunFolder, assignment_spec, capture_window, check_grid,
-                   config_run_identity, identity_diff, run_config, run_identity)
+from .runs import (HAND_FOLDER, RESULTS_ROOT, RunFolder, capture_window, check_grid, config_run_identity,
+                   identity_diff, run_config, run_identity)
 from .schedule import learning_rates
 from .solvers import SolverSettings
+from .sweep import assignment_spec
 
 __all__ = ["main", "train", "EXIT_PREEMPTED", "build_model_config", "resolve_data"]
 

@@ -20,7 +20,7 @@ from ..layout import SIZES, hidden_matrix_shapes
 from ..manifolds import get_manifold
 from ..model import GPT, GPTConfig
 from ..names import ADAMW, ATTN_MATRICES, MLP_MATRICES, NAMED_ASSIGNMENTS, PAPER_ASSIGNMENTS, UNCONSTRAINED, is_colnorm, parse_variant
-from ..runs import assignment_spec
+from ..sweep import assignment_spec
 from ..schedule import muon_lr_series
 from . import style
 from .load import RunData, load_spectrum, spectra_steps
