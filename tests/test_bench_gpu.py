@@ -22,6 +22,7 @@ def bench():
     return load_benchmark("bench_gpu")
 
 
+@pytest.mark.slow
 def test_bench_gpu_runs_on_cpu_tiny(tmp_path, capsys, bench):
     import mwm.train
 

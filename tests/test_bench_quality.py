@@ -4,11 +4,14 @@ measurement's share of a run, both printed from what this process measured."""
 import re
 from pathlib import Path
 
+import pytest
+
 from conftest import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_the_scale_table_shows_the_papers_solve_losing_the_momentum_and_the_normalized_one_keeping_it(capsys):
     bench = load_benchmark("bench_quality")
     assert bench.main(["--scales", "--shape", "48", "16", "--draws", "1"]) == 0

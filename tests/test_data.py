@@ -402,6 +402,7 @@ def _rewrite_meta(folder, edit):
     (folder / "meta.json").write_text(json.dumps(meta, indent=1))
 
 
+@pytest.mark.slow
 def test_training_refuses_a_flipped_byte_in_val_bin(prepared):
     folder, cfg = prepared
     assert _train(cfg, "ok").returncode == 0
@@ -444,6 +445,7 @@ def test_a_bin_altered_with_its_mtime_put_back_is_hashed_again(prepared):
         TokenDataset(folder).verify_cached()
 
 
+@pytest.mark.slow
 def test_edited_vocab_size_in_meta_is_refused(prepared, capsys):
     from mwm.data.__main__ import main as data_main
 
@@ -462,6 +464,7 @@ def test_edited_vocab_size_in_meta_is_refused(prepared, capsys):
     assert _train(cfg, "x").returncode == 2
 
 
+@pytest.mark.slow
 def test_token_id_outside_the_vocabulary_names_file_and_offset(prepared):
     from mwm.data.reader import sha256_file
 

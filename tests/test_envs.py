@@ -3,6 +3,7 @@
 import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,6 +30,7 @@ def test_every_env_agrees_with_pyproject():
         assert not any(p.startswith(("-e", ".", "file:")) or "/" in p for p in pip), env.name
 
 
+@pytest.mark.slow
 def test_every_job_finds_the_package_of_its_checkout_without_installing_it(tmp_path):
     """What --sdm conda relies on: a job's python imports mwm from the checkout's src/ (PYTHONPATH, set
     by the workflow), not from whatever the environment has installed."""

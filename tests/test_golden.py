@@ -57,6 +57,7 @@ def test_missing_and_new_cases_are_named(outputs):
     assert any(line.startswith(f"{name}: in the golden file") for line in lines for name in list(outputs)[3:5])
 
 
+@pytest.mark.slow
 def test_the_tolerances_are_far_above_what_other_cpu_kernels_and_threads_give():
     worst = golden.spread()
     table = golden._cases()

@@ -8,10 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 
 
+@pytest.mark.slow
 def test_gpu_check_runs_on_cpu(tmp_path):
     env = dict(os.environ, PYTHON=sys.executable)
     res = subprocess.run(["bash", str(SCRIPT), "--cpu", str(tmp_path / "out")], capture_output=True, text=True,

@@ -116,6 +116,7 @@ def test_banks_equal_unbatched_updates(mf):
     assert len(optim_mod._banks(ps)) == 1 and len(optim_mod._banks(ps, pad=False)) == 3
 
 
+@pytest.mark.slow
 def test_state_dict_round_trip_is_exact():
     torch.manual_seed(3)
     model = Tiny()

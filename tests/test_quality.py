@@ -23,6 +23,7 @@ def align(U, A):
     return float((U * A).sum() / torch.linalg.matrix_norm(U, "nuc"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("manifold,scale", [("stiefel", 1.0), ("dgram", 1.0), ("dgram", 10.0), ("dgram", 100.0)])
 @pytest.mark.parametrize("shape", [(192, 64), (64, 64), (256, 64)])
 def test_the_reference_reaches_the_optimum_within_a_hundredth(manifold, scale, shape):

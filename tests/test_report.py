@@ -63,6 +63,7 @@ def results(tmp_path_factory):
     return root, path, cfg
 
 
+@pytest.mark.slow
 def test_every_file_is_produced_and_tables_have_rows(results):
     root, path, cfg = results
     out = build(cfg, root / "results", root / "pf")
@@ -117,6 +118,7 @@ def test_missing_run_is_an_error_naming_it(results, tmp_path, capsys):
         build(cfg, copy, tmp_path / "pf3")
 
 
+@pytest.mark.slow
 def test_a_run_that_is_not_the_configs_own_is_refused_naming_the_keys(results, tmp_path, capsys):
     """A hand run with train.learning_rate=0.02 over the published none/seed0: Table 4 showed it."""
     root, path, cfg = results
@@ -161,6 +163,7 @@ def test_report_refuses_a_summary_its_logs_do_not_back(tmp_path, fake_data):
         load_runs(cfg, tmp_path / "out")
 
 
+@pytest.mark.slow
 def test_the_rows_for_the_papers_unnumbered_claims_are_computed_and_judged(results, monkeypatch):
     """The claims the paper makes in words (stability, no NaN, trajectory shapes, the msign estimate, Hetero
     against Unconstrained) get rows: at this scale those that need paper scale say so; with paper scale

@@ -26,7 +26,7 @@ def rel(a, b):
     return float((a - b).norm() / b.norm())
 
 
-@pytest.mark.parametrize("name", ["stiefel", "dgram"])
+@pytest.mark.parametrize("name", ["stiefel", pytest.param("dgram", marks=pytest.mark.slow)])
 def test_warm_start_from_the_solution_starts_converged(name):
     W, G = pair(48, 16, name, batch=(2,))
     long = dual_ascent(W, G, name, steps=300)
@@ -104,6 +104,7 @@ def _tiny_opts(seed=0, **solver):
     return model, build_optimizers(model, "hetero", solver=SolverSettings.defaults(steps=4, **solver))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("solver", [dict(warm_start=True), dict(warm_start=True, solver="admm", rho=2.0),
                                     dict(warm_start=True, tol=1e-3)])
 def test_warm_state_round_trips_exactly(solver):
@@ -135,6 +136,7 @@ def test_warm_start_changes_the_update_and_cold_default_stores_nothing():
 PER_LAYER = {"transformer.h.0.mlp.*": "stiefel", "transformer.h.1.mlp.*": "dgram"}
 
 
+@pytest.mark.slow
 def test_equal_shapes_of_both_manifolds_share_one_bank_and_match_separate_optimizers():
     torch.manual_seed(0)
     model = Tiny()
@@ -216,6 +218,7 @@ def test_settings_come_from_the_train_section_and_the_schema_holds_the_defaults(
     assert tuple(_SOLVE) == SOLVERS
 
 
+@pytest.mark.slow
 def test_capture_sequence_and_solver_study(fake_data, tmp_path):
     from mwm.config import load_config
     from mwm.studies.solvers import run_solvers

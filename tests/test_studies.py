@@ -162,6 +162,7 @@ def test_alpha_study_both_protocols_and_tall_shapes(tmp_path):
     assert floor[12] > 100
 
 
+@pytest.mark.slow
 def test_alpha_cli_help_and_run(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         alpha.main(["--help"])

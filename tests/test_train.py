@@ -63,6 +63,7 @@ def test_run_writes_documented_outputs(tmp_path):
     assert all(-1 <= float(r[2]) <= 1 + 1e-5 and 0 < float(r[3]) <= 1 + 1e-5 and float(r[4]) < 0.05 for r in sol)
 
 
+@pytest.mark.slow
 def test_same_config_gives_identical_metrics(tmp_path):
     _, a = run_inprocess(tmp_path, out="a")
     _, b = run_inprocess(tmp_path, out="b")
@@ -70,6 +71,7 @@ def test_same_config_gives_identical_metrics(tmp_path):
     assert (a / "eval.csv").read_text() == (b / "eval.csv").read_text()
 
 
+@pytest.mark.slow
 def test_seeds_differ_but_eval_batches_are_shared(tmp_path):
     _, a = run_inprocess(tmp_path, seed=0)
     _, b = run_inprocess(tmp_path, seed=1)
@@ -98,7 +100,7 @@ def test_divergence_rule(tmp_path):
     assert mon2.check(4, float("nan")) is True and mon2.onset == 4
 
 
-@pytest.mark.parametrize("assignment", ["dgram", "dgram-colnorm", "adamw", "none"])
+@pytest.mark.parametrize("assignment", [pytest.param("dgram", marks=pytest.mark.slow), "dgram-colnorm", "adamw", "none"])
 def test_exploding_run_is_marked_unstable_and_exits_zero(tmp_path, assignment):
     # Which step and which check (loss, gradient, momentum, pre-retraction weight, Gram,
     # AdamW weight, or the val-loss rule) catches the explosion depends on float rounding;
@@ -143,6 +145,7 @@ def metric_rows(d):
     return csv_cols(d / "metrics.csv", LOSS_COLS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["sigkill", "sigterm"])
 def test_interrupted_run_resumes_bit_for_bit(tmp_path, how):
     cfg = fakedata.write_config(tmp_path / "tiny.yaml", train__max_iters=24, train__lr_decay_iters=24,
@@ -183,6 +186,7 @@ def test_interrupted_run_resumes_bit_for_bit(tmp_path, how):
 DDP_GRID = {"custom": {"ddp": {"*.attn.c_attn.*": "stiefel", "*.mlp.*": "dgram"}}, "assignments": ["ddp"]}
 
 
+@pytest.mark.slow
 def test_two_ranks_equal_one_rank(tmp_path):
     common = dict(train__max_iters=4, train__lr_decay_iters=4, train__eval_interval=4, grid__custom=DDP_GRID["custom"],
                   grid__assignments=DDP_GRID["assignments"])
@@ -216,6 +220,7 @@ def _tiny_run(tmp_path, assignment="hetero", **over):
     return Run(cfg, assignment, 0, "paper", tmp_path / "out")
 
 
+@pytest.mark.slow
 def test_resume_loads_the_checkpoint_to_the_cpu_whatever_the_run_device(tmp_path):
     """The RNG states must reach torch.set_rng_state as CPU tensors and AdamW's step
     counters stay on the CPU: the checkpoint is loaded there, not onto the run's device
@@ -256,6 +261,7 @@ def test_model_and_optimizers_are_built_on_the_cpu_then_moved(tmp_path, monkeypa
 
 
 # ------------------------------------------------------------------ whose run is it
+@pytest.mark.slow
 def test_summary_records_the_run_identity_it_hashes(tmp_path):
     from mwm.config import config_hash
     from mwm.runs import expected_identity
@@ -352,6 +358,7 @@ def test_bad_seed_and_output_roots_are_refused_before_the_run(tmp_path, monkeypa
 
 # -- interrupted reruns, checkpoints, command line, signals ----------
 
+@pytest.mark.slow
 def test_interrupted_rerun_leaves_no_summary_the_logs_do_not_back(tmp_path):
     cfg = fakedata.write_config(tmp_path / "tiny.yaml", train__max_iters=300, train__lr_decay_iters=300,
                                 train__eval_interval=100, train__checkpoint_interval=100)
@@ -459,6 +466,7 @@ def test_colnorm_of_an_assignment_without_dgram_is_refused(tmp_path, fake_data, 
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_sigint_checkpoints_like_sigterm(tmp_path):
     from mwm.train import EXIT_PREEMPTED
 

@@ -27,8 +27,9 @@ from mwm.paths import CONFIG_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("snakemake") is None,
-                                reason="snakemake not installed (pip install -e '.[workflow]')")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(importlib.util.find_spec("snakemake") is None,
+                                 reason="snakemake not installed (pip install -e '.[workflow]')")]
 
 BASE = {
     "data": {"corpus": "shakespeare", "vocab_size": 256, "split": "tail", "val_fraction": 0.1},

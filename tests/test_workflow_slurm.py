@@ -28,10 +28,10 @@ PAPER = ROOT / "config" / "paper.yaml"
 CI = ROOT / "config" / "ci.yaml"
 
 _MISSING = [m for m in ("snakemake", "snakemake_executor_plugin_slurm") if importlib.util.find_spec(m) is None]
-pytestmark = pytest.mark.skipif(
-    bool(_MISSING),
-    reason=f"{', '.join(_MISSING)} not installed (pip install -e '.[workflow]')",
-)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(bool(_MISSING), reason=f"{', '.join(_MISSING)} not installed (pip install -e '.[workflow]')"),
+]
 
 # Site settings as a user would export them (rules/common.smk reads them).
 SITE_ENV = {"MWM_SLURM_GPU_PARTITION": "gpu-test", "MWM_SLURM_CPU_PARTITION": "cpu-test",
