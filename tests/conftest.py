@@ -32,3 +32,21 @@ def one_thread():
 def fake_data(monkeypatch):
     """Training reads the stand-in token dataset (tests/fakedata.py), no tokenizer needed."""
     monkeypatch.setattr("mwm.train.resolve_data", lambda cfg: fakedata.FakeData())
+
+
+@pytest.fixture()
+def tiny_config(tmp_path):
+    """Factory for the tests' tiny configs: ``tiny_config(file="tiny.yaml", base=None, folder=None,
+    **overrides)`` writes ``folder/file`` (``tmp_path`` by default) and returns its path.
+
+    The config is ``fakedata.TINY`` (a 2-layer, 16-wide model trained 12 steps) unless ``base``
+    gives another (a dict, or a YAML file such as config/ci.yaml). A test that depends on a
+    setting passes it: ``train__max_iters=4`` sets one key, ``grid={...}`` updates a section,
+    ``name="x"`` sets a top-level value (see ``fakedata.write_config``)."""
+
+    def make(file="tiny.yaml", *, base=None, folder=None, **overrides):
+        folder = tmp_path if folder is None else Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        return fakedata.write_config(folder / file, base=base, **overrides)
+
+    return make

@@ -42,11 +42,25 @@ TINY = {
 }
 
 
-def write_config(path, **overrides):
-    cfg = yaml.safe_load(yaml.safe_dump(TINY))
+def write_config(path, base=None, **overrides):
+    """Write a tiny config to ``path`` and return the path.
+
+    ``base``: the config to start from (a dict, or a YAML file such as config/ci.yaml); ``TINY``
+    when None. Overrides: ``section__key=value`` sets one key of a section, ``section={...}``
+    updates a section key by key, any other ``key=value`` (``name="x"``) sets a top-level value."""
+    if base is None:
+        base = TINY
+    elif not isinstance(base, dict):
+        base = yaml.safe_load(Path(base).read_text())
+    cfg = yaml.safe_load(yaml.safe_dump(base))  # a deep copy: the base is never changed
     for key, value in overrides.items():
-        section, name = key.split("__")
-        cfg.setdefault(section, {})[name] = value
+        if "__" in key:
+            section, name = key.split("__")
+            cfg.setdefault(section, {})[name] = value
+        elif isinstance(value, dict) and isinstance(cfg.get(key), dict):
+            cfg[key].update(value)
+        else:
+            cfg[key] = value
     path.write_text(yaml.safe_dump(cfg))
     return path
 

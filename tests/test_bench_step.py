@@ -5,7 +5,6 @@ import re
 
 import pytest
 
-import fakedata
 from conftest import load_benchmark
 
 
@@ -31,10 +30,10 @@ def test_flops_of_both_orders_grow_with_the_rows_only_through_the_m_terms():
 
 
 @pytest.mark.parametrize("assignment", ["none", "hetero"])
-def test_measure_reports_the_split_the_ops_and_the_padding(tmp_path, fake_data, assignment):
+def test_measure_reports_the_split_the_ops_and_the_padding(tiny_config, tmp_path, fake_data, assignment):
     from mwm.config import load_config
 
-    cfg = load_config(fakedata.write_config(tmp_path / "tiny.yaml"))
+    cfg = load_config(tiny_config())
     lines = _bench().measure(cfg, assignment, steps=2, warmup=1, out=tmp_path)
     head = lines[0]
     assert head.startswith(f"{assignment}: fwd+bwd ") and re.search(r"of the step\); evaluation \d+ ms", head)
@@ -49,13 +48,13 @@ def test_measure_reports_the_split_the_ops_and_the_padding(tmp_path, fake_data, 
     assert re.search(r"optimizer matmuls: [\d.e+-]+ GFLOP a step, [\d.]+% on padding", lines[-1])
 
 
-def test_a_variant_is_measured_with_its_grid_overrides(tmp_path, fake_data):
+def test_a_variant_is_measured_with_its_grid_overrides(tiny_config, tmp_path, fake_data):
     """hetero-admm is hetero's manifolds with ADMM (grid.train_overrides): its optimizer must
     be counted and timed with ADMM's one step, not hetero's dual ascent, as mwm.train runs it."""
     from mwm.config import load_config
 
-    path = fakedata.write_config(
-        tmp_path / "tiny.yaml", grid__assignments=["hetero", "hetero-admm"],
+    path = tiny_config(
+        grid__assignments=["hetero", "hetero-admm"],
         grid__custom={"hetero-admm": {"*.attn.*": "stiefel", "*.mlp.*": "dgram"}},
         grid__train_overrides={"hetero-admm": {"solver": "admm", "warm_start": True, "solver_max_steps": 1}})
     cfg = load_config(path)

@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import fakedata
 from mwm.checks import check_config, check_splits, min_split_tokens
 from mwm.config import ConfigError, load_config
 from fakedata import HAS_SNAKEMAKE, repo_copy, snakemake_in
@@ -22,29 +21,29 @@ ROOT = Path(__file__).resolve().parents[1]
 needs_snakemake = pytest.mark.skipif(not HAS_SNAKEMAKE, reason="snakemake not installed")
 
 
-def _cfg(tmp_path, **over):
-    return load_config(fakedata.write_config(tmp_path / "tiny.yaml", **over))
+def _cfg(tiny_config, **over):
+    return load_config(tiny_config(**over))
 
 
-def test_head_divisibility_and_custom_patterns_are_checked_without_data(tmp_path):
-    check_config(_cfg(tmp_path, grid__custom={"l0": {"transformer.h.0.attn.*": "stiefel"}},
+def test_head_divisibility_and_custom_patterns_are_checked_without_data(tiny_config, tmp_path):
+    check_config(_cfg(tiny_config, grid__custom={"l0": {"transformer.h.0.attn.*": "stiefel"}},
                       grid__assignments=["none", "l0"]))
     with pytest.raises(ConfigError, match=r"tiny.yaml: model: n_embd=15 is not divisible by n_head=2"):
-        check_config(_cfg(tmp_path, model__n_embd=15), source=str(tmp_path / "tiny.yaml"))
+        check_config(_cfg(tiny_config, model__n_embd=15), source=str(tmp_path / "tiny.yaml"))
     with pytest.raises(ConfigError, match=r"grid.custom.mine: .*\['\*.attn.q_proj.\*'\] match no hidden matrix"):
-        check_config(_cfg(tmp_path, grid__custom={"mine": {"*.attn.q_proj.*": "stiefel"}},
+        check_config(_cfg(tiny_config, grid__custom={"mine": {"*.attn.q_proj.*": "stiefel"}},
                           grid__assignments=["mine"]))
     # a custom assignment the grid does not train is not checked (nothing would run it)
-    check_config(_cfg(tmp_path, grid__custom={"unused": {"nothing.*": "stiefel"}}))
+    check_config(_cfg(tiny_config, grid__custom={"unused": {"nothing.*": "stiefel"}}))
 
 
-def test_a_named_size_is_checked_by_its_shape(tmp_path):
-    check_config(_cfg(tmp_path, model__size="gpt2", grid__custom={"x": {"transformer.h.11.mlp.*": "dgram"}},
+def test_a_named_size_is_checked_by_its_shape(tiny_config):
+    check_config(_cfg(tiny_config, model__size="gpt2", grid__custom={"x": {"transformer.h.11.mlp.*": "dgram"}},
                       grid__assignments=["x"]))
 
 
-def test_split_shorter_than_a_window_is_refused_naming_file_and_key(tmp_path):
-    cfg = _cfg(tmp_path, model__block_size=64)
+def test_split_shorter_than_a_window_is_refused_naming_file_and_key(tiny_config):
+    cfg = _cfg(tiny_config, model__block_size=64)
     need = min_split_tokens(64)
     ok = {"splits": {"train": {"tokens": 10_000}, "val": {"tokens": need}}}
     check_splits(cfg, ok, "d/meta.json")
@@ -54,7 +53,7 @@ def test_split_shorter_than_a_window_is_refused_naming_file_and_key(tmp_path):
         check_splits(cfg, short, "d/meta.json", source="cfg.yaml")
 
 
-def test_data_job_fails_when_its_val_split_is_too_short_for_the_model(tmp_path, monkeypatch, capsys):
+def test_data_job_fails_when_its_val_split_is_too_short_for_the_model(tiny_config, tmp_path, monkeypatch, capsys):
     from mwm.data.__main__ import main
 
     monkeypatch.chdir(tmp_path)
@@ -64,10 +63,10 @@ def test_data_job_fails_when_its_val_split_is_too_short_for_the_model(tmp_path, 
         (tmp_path / "corpus" / f"d{i}.txt").write_text(" ".join(rng.choice(["the", "king", "is", "dead"], 300)))
     over = dict(data__corpus="text", data__paths=["corpus/*.txt"], data__vocab_size=16, data__num_proc=1,
                 data__split="tail", data__val_fraction=0.1)
-    cfg = fakedata.write_config(tmp_path / "ok.yaml", **over)
+    cfg = tiny_config("ok.yaml", **over)
     assert main(["prepare", "--config", str(cfg)]) == 0
     capsys.readouterr()
-    big = fakedata.write_config(tmp_path / "big.yaml", model__block_size=256, **over)
+    big = tiny_config("big.yaml", model__block_size=256, **over)
     assert main(["prepare", "--config", str(big)]) == 1
     err = capsys.readouterr().err
     assert "big.yaml: model.block_size = 256" in err and "val split" in err and "meta.json" in err
@@ -79,6 +78,7 @@ def _dry(repo, cfg):
     return proc.returncode, proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 @needs_snakemake
 def test_workflow_refuses_heads_that_do_not_divide_before_any_job(tmp_path):
     repo = repo_copy(tmp_path / "repo")
@@ -90,6 +90,7 @@ def test_workflow_refuses_heads_that_do_not_divide_before_any_job(tmp_path):
     assert "rule prepare_data" not in out
 
 
+@pytest.mark.slow
 @needs_snakemake
 def test_workflow_refuses_existing_data_too_short_for_block_size(tmp_path):
     """Data made by another config with the same data section: its job does not rerun, so the
@@ -107,13 +108,13 @@ def test_workflow_refuses_existing_data_too_short_for_block_size(tmp_path):
     assert "rule train" not in out
 
 
-def test_a_solver_study_reading_the_grid_needs_its_runs_and_window_in_the_grid(tmp_path):
+def test_a_solver_study_reading_the_grid_needs_its_runs_and_window_in_the_grid(tiny_config):
     """studies.solvers.source: grid: the captured assignments, seed and window are checked
     against the grid before any job (each names the key and the value)."""
     grid = {"assignments": ["none", "stiefel", "dgram"], "seeds": [0, 1]}
 
     def cfg(**solvers):
-        c = _cfg(tmp_path, grid__assignments=grid["assignments"], grid__seeds=grid["seeds"])
+        c = _cfg(tiny_config, grid__assignments=grid["assignments"], grid__seeds=grid["seeds"])
         c["studies"]["solvers"].update({"source": "grid", "capture_start": 2, "capture_length": 3, **solvers})
         return c
 

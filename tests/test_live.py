@@ -6,7 +6,6 @@ import math
 
 import pytest
 
-import fakedata
 from mwm.train import Run, main
 
 pytest.importorskip("tensorboard")
@@ -50,10 +49,11 @@ def _check(run_dir):
                 assert math.isclose(a, b, rel_tol=1e-6), (where, tag, a, b)
 
 
-def test_live_curves_equal_the_csvs_and_a_resumed_run_has_each_step_once(tmp_path, monkeypatch):
-    cfg = fakedata.write_config(tmp_path / "tiny.yaml", workflow__loggers=["tensorboard", "dvclive"],
-                                train__max_iters=12, train__lr_decay_iters=12, train__checkpoint_interval=4,
-                                train__eval_interval=4)
+@pytest.mark.slow
+def test_live_curves_equal_the_csvs_and_a_resumed_run_has_each_step_once(tiny_config, tmp_path, monkeypatch):
+    cfg = tiny_config(workflow__loggers=["tensorboard", "dvclive"],
+                      train__max_iters=12, train__lr_decay_iters=12, train__checkpoint_interval=4,
+                      train__eval_interval=4)
     args = ["--config", str(cfg), "--assignment", "hetero", "--seed", "0", "--out", str(tmp_path / "out")]
     real = Run.train_step
 
@@ -73,9 +73,9 @@ def test_live_curves_equal_the_csvs_and_a_resumed_run_has_each_step_once(tmp_pat
     _check(run_dir)
 
 
-def test_without_a_logger_no_live_folder_is_written(tmp_path):
-    cfg = fakedata.write_config(tmp_path / "tiny.yaml", train__max_iters=2, train__lr_decay_iters=2,
-                                train__eval_interval=2)
+def test_without_a_logger_no_live_folder_is_written(tiny_config, tmp_path):
+    cfg = tiny_config(train__max_iters=2, train__lr_decay_iters=2,
+                      train__eval_interval=2)
     assert main(["--config", str(cfg), "--assignment", "none", "--seed", "0", "--out", str(tmp_path / "out")]) == 0
     run_dir = tmp_path / "out" / "runs" / "tiny" / "none" / "seed0"
     assert (run_dir / "metrics.csv").exists()

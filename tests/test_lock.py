@@ -15,9 +15,10 @@ import pytest
 import fakedata
 
 
-def test_second_process_on_a_run_is_refused_naming_the_holder(tmp_path, fake_data, capsys):
-    cfg = fakedata.write_config(tmp_path / "tiny.yaml", train__max_iters=5000, train__lr_decay_iters=5000,
-                                train__eval_interval=5000, train__checkpoint_interval=5000)
+@pytest.mark.slow
+def test_second_process_on_a_run_is_refused_naming_the_holder(tiny_config, tmp_path, fake_data, capsys):
+    cfg = tiny_config(train__max_iters=5000, train__lr_decay_iters=5000,
+                      train__eval_interval=5000, train__checkpoint_interval=5000)
     out = tmp_path / "out"
     d = out / "runs" / "tiny" / "none" / "seed0"
     proc = subprocess.Popen(fakedata.child_cmd(cfg, out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -38,6 +39,7 @@ def test_second_process_on_a_run_is_refused_naming_the_holder(tmp_path, fake_dat
         proc.wait()
 
 
+@pytest.mark.slow
 def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path, fake_data, capsys):
     from mwm.lock import LOCK_NAME
 

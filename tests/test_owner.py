@@ -10,34 +10,33 @@ import re
 
 import pytest
 
-import fakedata
 from mwm.config import load_config
 from mwm.owner import OWNER_FILE, TAKE_OVER_ENV, OwnerError, check_owner, claim, owner_path
 from fakedata import HAS_SNAKEMAKE, repo_copy, snakemake_in
 
 
-def _cfg(path, **over):
-    return load_config(fakedata.write_config(path, **over))
+def _cfg(tiny_config, file, **over):
+    return load_config(tiny_config(file, **over))
 
 
-def test_same_file_edited_is_a_config_change_another_file_is_refused(tmp_path, monkeypatch):
+def test_same_file_edited_is_a_config_change_another_file_is_refused(tiny_config, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv(TAKE_OVER_ENV, raising=False)
-    a = _cfg(tmp_path / "a.yaml")
+    a = _cfg(tiny_config, "a.yaml")
     assert check_owner("results", a, "a.yaml") is None  # unclaimed
     claim("results", a, "a.yaml")
     rec = json.loads(owner_path("results", "tiny").read_text())
     assert owner_path("results", "tiny").name == OWNER_FILE and rec["config_file"] == "a.yaml"
     # the same file with other settings: accepted, and the record follows it
-    edited = _cfg(tmp_path / "a.yaml", train__learning_rate=0.002)
+    edited = _cfg(tiny_config, "a.yaml", train__learning_rate=0.002)
     claim("results", edited, str(tmp_path / "a.yaml"))  # the same file, named by another path
     assert json.loads(owner_path("results", "tiny").read_text())["settings_hash"] != rec["settings_hash"]
     # a copy with the same settings: accepted, the name stays with the first file
-    same = _cfg(tmp_path / "copy.yaml", train__learning_rate=0.002)
+    same = _cfg(tiny_config, "copy.yaml", train__learning_rate=0.002)
     claim("results", same, "copy.yaml")
     assert json.loads(owner_path("results", "tiny").read_text())["config_file"] == "a.yaml"
     # a copy with other settings: refused, naming both files and the way out
-    other = _cfg(tmp_path / "mine.yaml", train__learning_rate=0.02)
+    other = _cfg(tiny_config, "mine.yaml", train__learning_rate=0.02)
     with pytest.raises(OwnerError) as err:
         claim("results", other, "mine.yaml")
     msg = str(err.value)
@@ -52,31 +51,32 @@ def test_same_file_edited_is_a_config_change_another_file_is_refused(tmp_path, m
     assert json.loads(owner_path("results", "tiny").read_text())["config_file"] == "mine.yaml"
 
 
-def test_hand_run_of_a_copied_config_is_refused_before_writing(fake_data, tmp_path, monkeypatch, capsys):
+def test_hand_run_of_a_copied_config_is_refused_before_writing(tiny_config, fake_data, tmp_path, monkeypatch, capsys):
     from mwm.train import main
 
     monkeypatch.delenv(TAKE_OVER_ENV, raising=False)
     over = dict(train__max_iters=2, train__lr_decay_iters=2, train__eval_interval=2)
-    a = fakedata.write_config(tmp_path / "a.yaml", **over)
+    a = tiny_config("a.yaml", **over)
     out = tmp_path / "out"
     assert main(["--config", str(a), "--assignment", "none", "--seed", "0", "--out", str(out)]) == 0
-    mine = fakedata.write_config(tmp_path / "mine.yaml", train__learning_rate=0.02, **over)
+    mine = tiny_config("mine.yaml", train__learning_rate=0.02, **over)
     assert main(["--config", str(mine), "--assignment", "none", "--seed", "1", "--out", str(out)]) == 2
     assert "belong to" in capsys.readouterr().err and not (out / "runs" / "tiny" / "none" / "seed1").exists()
 
 
-def test_report_of_a_copied_config_is_refused_before_it_reads_anything(tmp_path, monkeypatch, capsys):
+def test_report_of_a_copied_config_is_refused_before_it_reads_anything(tiny_config, tmp_path, monkeypatch, capsys):
     from mwm.report.__main__ import main
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv(TAKE_OVER_ENV, raising=False)
-    claim("results", _cfg(tmp_path / "a.yaml"), "a.yaml")
-    _cfg(tmp_path / "mine.yaml", train__learning_rate=0.02)
+    claim("results", _cfg(tiny_config, "a.yaml"), "a.yaml")
+    _cfg(tiny_config, "mine.yaml", train__learning_rate=0.02)
     assert main(["--config", "mine.yaml", "--out", str(tmp_path / "pf")]) == 2
     err = capsys.readouterr().err
     assert "belong to a.yaml" in err and "missing" not in err and not (tmp_path / "pf").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_SNAKEMAKE, reason="snakemake not installed")
 def test_workflow_refuses_a_copied_config_keeping_the_name(tmp_path, monkeypatch):
     monkeypatch.delenv(TAKE_OVER_ENV, raising=False)

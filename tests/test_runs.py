@@ -6,19 +6,20 @@ import copy
 import json
 import re
 
+import pytest
 import yaml
 
-import fakedata
 from mwm.config import config_hash, load_config
 from mwm.runs import config_run_identity, expected_identity, identity_diff, identity_problem
 
 
-def _cfg(tmp_path, **over):
-    return load_config(fakedata.write_config(tmp_path / "tiny.yaml", **over))
+def _cfg(tiny_config, **over):
+    return load_config(tiny_config(**over))
 
 
-def test_expected_identity_merges_train_overrides_and_reads_the_retraction_from_the_variant(tmp_path):
-    cfg = _cfg(tmp_path, grid__assignments=["dgram", "none"], grid__train_overrides={"dgram": {"learning_rate": 0.5}})
+def test_expected_identity_merges_train_overrides_and_reads_the_retraction_from_the_variant(tiny_config):
+    cfg = _cfg(tiny_config, grid__assignments=["dgram", "none"],
+               grid__train_overrides={"dgram": {"learning_rate": 0.5}})
     ident = expected_identity(cfg, "dgram-colnorm", 1)
     assert ident["train"]["learning_rate"] == 0.5 and ident["retraction"] == "colnorm" and ident["seed"] == 1
     assert expected_identity(cfg, "dgram", 1)["retraction"] == cfg["train"]["dgram_retraction"]
@@ -26,8 +27,8 @@ def test_expected_identity_merges_train_overrides_and_reads_the_retraction_from_
     assert config_run_identity(cfg, "dgram", 1, "colnorm") == ident
 
 
-def test_diff_names_every_differing_key_with_both_values(tmp_path):
-    cfg = _cfg(tmp_path)
+def test_diff_names_every_differing_key_with_both_values(tiny_config):
+    cfg = _cfg(tiny_config)
     own = expected_identity(cfg, "none", 0)
     other = copy.deepcopy(own)
     other["train"]["learning_rate"] = 0.02
@@ -40,8 +41,8 @@ def test_diff_names_every_differing_key_with_both_values(tmp_path):
     assert identity_diff(copy.deepcopy(own), own) == []
 
 
-def test_a_summary_is_checked_by_its_identity_else_by_its_hash(tmp_path):
-    cfg = _cfg(tmp_path)
+def test_a_summary_is_checked_by_its_identity_else_by_its_hash(tiny_config):
+    cfg = _cfg(tiny_config)
     own = expected_identity(cfg, "none", 0)
     # what summary.json holds after a JSON round trip is the config's own run
     stored = yaml.safe_load(yaml.safe_dump(own))
@@ -57,10 +58,11 @@ def test_a_summary_is_checked_by_its_identity_else_by_its_hash(tmp_path):
     assert "cannot be checked" in identity_problem({"status": "completed"}, own)
 
 
+@pytest.mark.slow
 def test_workflow_names_a_finished_run_that_is_not_the_configs_at_load(tmp_path):
-    """After an older mwm.train wrote a hand run with an override over a published run, Snakemake
-    planned only the report; now it names the run and the keys when it loads, before any job, and
-    plans to set it aside (its marker is an input of its train job)."""
+    """A finished run whose identity is a hand run's (an override) over the config's run: Snakemake
+    names the run and the keys when it loads, before any job, and plans to set it aside (its marker
+    is an input of its train job), rather than planning only the report."""
     import pytest
 
     from fakedata import HAS_SNAKEMAKE, repo_copy, snakemake_in
@@ -96,6 +98,7 @@ def _overwrite_identity(summary_path, cfg, variant, seed, lr):
     atomic_write_json(summary_path, {**summary, "identity": hand, "config_hash": config_hash(hand)})
 
 
+@pytest.mark.slow
 def test_snakemake_retrains_a_finished_run_that_is_not_the_configs(tmp_path):
     """After such a hand run, `snakemake -n all` plans the run as out of date (not the report
     alone, which would refuse the run): it is moved to
@@ -149,11 +152,11 @@ def test_snakemake_retrains_a_finished_run_that_is_not_the_configs(tmp_path):
     assert re.search(r"^train\s+1$", out, re.M), out[-3000:]
 
 
-def test_capture_window_names_the_grid_runs_the_solver_study_reads(tmp_path):
+def test_capture_window_names_the_grid_runs_the_solver_study_reads(tiny_config):
     from mwm.runs import capture_window
 
-    cfg = load_config(fakedata.write_config(tmp_path / "tiny.yaml", grid__assignments=["none", "stiefel", "dgram"],
-                                            grid__seeds=[0, 1]))
+    cfg = load_config(tiny_config(grid__assignments=["none", "stiefel", "dgram"],
+                                  grid__seeds=[0, 1]))
     sec = cfg["studies"]["solvers"]
     assert sec["source"] == "own" and capture_window(cfg, "stiefel", 0) is None  # the study captures itself
     sec.update(source="grid", capture_start=3, capture_length=2, seed=1)

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-import fakedata
 from mwm.config import ConfigError, config_hash, load_config
 from mwm.io import atomic_write_json
 from mwm.lock import LOCK_NAME, RunLock, RunLocked
@@ -25,8 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def cfg(tmp_path):
-    return load_config(fakedata.write_config(tmp_path / "tiny.yaml", grid__assignments=["none", "dgram"]))
+def cfg(tiny_config):
+    return load_config(tiny_config(grid__assignments=["none", "dgram"]))
 
 
 def _run(root: Path, cfg: dict, variant: str = "none", seed: int = 0, lr: float | None = 0.02) -> Path:

@@ -4,9 +4,7 @@ import json
 
 import pandas as pd
 import pytest
-import yaml
 
-import fakedata
 from mwm.config import ConfigError, load_config
 from mwm.report.load import load_runs
 from mwm.report.solver_training import MIN_SEEDS, solver_training_report, verdict
@@ -23,13 +21,8 @@ GRID = {
 }
 
 
-def _config(tmp_path, grid):
-    cfg = yaml.safe_load(yaml.safe_dump(fakedata.TINY))
-    cfg["train"].update(max_iters=4, lr_decay_iters=4, eval_interval=2)
-    cfg["grid"] = grid
-    path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return load_config(path)
+def _config(tiny_config, grid):
+    return load_config(tiny_config(train={"max_iters": 4, "lr_decay_iters": 4, "eval_interval": 2}, grid=grid))
 
 
 def test_verdict_rule_is_the_same_whichever_way_the_difference_falls():
@@ -60,8 +53,9 @@ def test_a_comparison_that_is_not_about_the_solver_is_refused(change, message):
         check_grid(grid)
 
 
-def test_report_pairs_seeds_and_reads_the_candidate_solver(fake_data, tmp_path):
-    cfg = _config(tmp_path, GRID)
+@pytest.mark.slow
+def test_report_pairs_seeds_and_reads_the_candidate_solver(tiny_config, fake_data, tmp_path):
+    cfg = _config(tiny_config, GRID)
     for variant in GRID["assignments"]:
         for seed in GRID["seeds"]:
             assert train(cfg, variant, seed, None, tmp_path / "results") == 0
@@ -84,7 +78,7 @@ def test_report_pairs_seeds_and_reads_the_candidate_solver(fake_data, tmp_path):
     assert row["seeds"] == 3
 
 
-def test_no_comparison_no_files(tmp_path):
-    cfg = _config(tmp_path, {"assignments": ["hetero"], "seeds": [0]})
+def test_no_comparison_no_files(tiny_config, tmp_path):
+    cfg = _config(tiny_config, {"assignments": ["hetero"], "seeds": [0]})
     assert solver_training_report(cfg, {}, {}, tmp_path / "figs") is None
     assert not (tmp_path / "figs").exists()

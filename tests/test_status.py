@@ -17,12 +17,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def cfg(tmp_path):
-    raw = yaml.safe_load((REPO / "config" / "ci.yaml").read_text())
-    raw["grid"].update(assignments=["none", "stiefel", "dgram", "hetero"], seeds=[0, 1], retraction_ablation=False)
-    path = tmp_path / "st.yaml"
-    raw["name"] = "st"
-    path.write_text(yaml.safe_dump(raw))
+def cfg(tiny_config):
+    path = tiny_config("st.yaml", base=REPO / "config" / "ci.yaml", name="st",
+                       grid={"assignments": ["none", "stiefel", "dgram", "hetero"], "seeds": [0, 1],
+                       "retraction_ablation": False})
     return load_config(str(path)), path
 
 
@@ -116,13 +114,13 @@ def test_reads_a_run_being_written_without_locking(cfg, tmp_path):
     assert got[0].status == "running" and got[0].step == 5
 
 
-def test_a_real_run_logs_progress_and_reads_completed(fake_data, tmp_path, capsys, one_thread):
+def test_a_real_run_logs_progress_and_reads_completed(tiny_config, fake_data, tmp_path, capsys, one_thread):
     """The training log shows step, loss, lr, ms/step and ETA every log_interval steps, and the
     status table reads the finished run folder."""
     import fakedata
     from mwm.train import train
 
-    path = fakedata.write_config(tmp_path / "tiny.yaml", train__max_iters=8, train__log_interval=4)
+    path = tiny_config(train__max_iters=8, train__log_interval=4)
     cfg = load_config(str(path))
     assert train(cfg, "stiefel", 0, out_root=tmp_path / "results") == 0
     lines = [ln for ln in capsys.readouterr().out.splitlines() if " step " in ln and "/8 " in ln]

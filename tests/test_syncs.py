@@ -6,7 +6,6 @@ import types
 import pytest
 import torch
 
-import fakedata
 from mwm.config import load_config
 from mwm.syncs import SyncCounter
 from mwm.train import Run
@@ -33,9 +32,8 @@ def test_counts_the_packages_float_and_bool_reads_not_integer_ones():
     assert c.count == 4 and torch.Tensor.item.__name__ == "item"
 
 
-def _reads_per_step(tmp_path, monkeypatch, assignment, n_layer, grad_accum, steps=2):
-    path = fakedata.write_config(tmp_path / f"c{n_layer}{grad_accum}.yaml",
-                                 model__n_layer=n_layer, train__grad_accum=grad_accum)
+def _reads_per_step(tiny_config, tmp_path, monkeypatch, assignment, n_layer, grad_accum, steps=2):
+    path = tiny_config(f"c{n_layer}{grad_accum}.yaml", model__n_layer=n_layer, train__grad_accum=grad_accum)
     cfg = load_config(path)
     run = Run(cfg, assignment, 0, "paper", tmp_path / f"out{n_layer}{grad_accum}")
     run.open_logs(0)
@@ -51,11 +49,13 @@ def _reads_per_step(tmp_path, monkeypatch, assignment, n_layer, grad_accum, step
     return counts[0]
 
 
-@pytest.mark.parametrize("assignment", ["none", "hetero", "dgram"])
-def test_host_reads_per_step_do_not_grow_with_depth_or_micro_batches(fake_data, tmp_path, monkeypatch, assignment):
-    base = _reads_per_step(tmp_path, monkeypatch, assignment, n_layer=1, grad_accum=1)
-    deeper = _reads_per_step(tmp_path, monkeypatch, assignment, n_layer=3, grad_accum=1)
-    accumulated = _reads_per_step(tmp_path, monkeypatch, assignment, n_layer=1, grad_accum=3)
+@pytest.mark.parametrize("assignment", ["none", pytest.param("hetero", marks=pytest.mark.slow),
+                                        pytest.param("dgram", marks=pytest.mark.slow)])
+def test_host_reads_per_step_do_not_grow_with_depth_or_micro_batches(tiny_config, fake_data, tmp_path, monkeypatch,
+                                                                     assignment):
+    base = _reads_per_step(tiny_config, tmp_path, monkeypatch, assignment, n_layer=1, grad_accum=1)
+    deeper = _reads_per_step(tiny_config, tmp_path, monkeypatch, assignment, n_layer=3, grad_accum=1)
+    accumulated = _reads_per_step(tiny_config, tmp_path, monkeypatch, assignment, n_layer=1, grad_accum=3)
     # one gradient check for all matrices, per-bank checks (banks are per shape, not per
     # layer), one loss read per step: the same count at 1 and 3 layers, 1 and 3 micro-batches
     assert base == deeper == accumulated
