@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -164,3 +165,41 @@ def test_capture_window_names_the_grid_runs_the_solver_study_reads(tiny_config):
     assert capture_window(cfg, "dgram", "1") == {"start": 3, "length": 2}  # a wildcard's string seed
     assert capture_window(cfg, "stiefel", 0) is None and capture_window(cfg, "none", 1) is None
     assert capture_window(cfg, "dgram-colnorm", 1) is None  # the ablation's variant is another run
+
+
+#: The train keys with a schema default: each is part of every run's identity. A new key gets no default
+#: (absent = the behaviour before it), or every finished run becomes foreign (docs/training.md, Run identity).
+DEFAULTED_TRAIN_KEYS = frozenset({
+    "admm_rho", "batch_size", "beta1", "beta2", "capture_pairs_step", "capture_sequence", "checkpoint_interval",
+    "compile", "decay_lr", "device", "dgram_retraction", "dtype", "dual_ascent_alpha", "dual_ascent_steps",
+    "eval_interval", "eval_iters", "eval_seed", "grad_accum", "grad_clip", "keep_final_checkpoint",
+    "learning_rate", "log_interval", "lr_decay_iters", "max_iters", "min_lr", "msign_precision", "muon_lr",
+    "muon_momentum", "probe_batch", "solver", "solver_max_steps", "solver_tol", "tf32", "warm_start",
+    "warmup_iters", "weight_decay",
+})
+
+
+def test_a_new_train_key_without_default_leaves_finished_runs_their_own():
+    """The run-identity rule: a train key added without a schema default, unset in a config, leaves
+    the identity of every run that config made before it unchanged; one with a default makes each
+    of them foreign, naming the key."""
+    import yaml
+
+    from mwm.config import load_config
+    from mwm.runs import config_run_identity, identity_problem
+
+    schema = yaml.safe_load((Path(__file__).resolve().parents[1] / "src" / "mwm" / "schema" / "train.yaml")
+                            .read_text())["properties"]
+    defaulted = {k for k, spec in schema.items() if "default" in spec}
+    assert defaulted == DEFAULTED_TRAIN_KEYS, (
+        f"train keys with a schema default changed ({sorted(defaulted ^ DEFAULTED_TRAIN_KEYS)}): a new key with a "
+        "default makes every finished run foreign; give it none (docs/training.md, Run identity), or, for a "
+        "numerics change, bump mwm.numerics.VERSION and update DEFAULTED_TRAIN_KEYS")
+    cfg = load_config(Path(__file__).resolve().parents[1] / "config" / "ci.yaml")
+    recorded = config_run_identity(cfg, "dgram", 0)
+    unset = [k for k in schema if k not in defaulted and k not in cfg["train"]]
+    assert unset and not set(unset) & set(recorded["train"])  # absent keys are not in the identity
+    assert identity_problem({"identity": recorded, "numerics": recorded["numerics"]}, recorded) is None
+    with_default = {**recorded, "train": {**recorded["train"], "new_key": 1}}
+    problem = identity_problem({"identity": recorded, "numerics": recorded["numerics"]}, with_default)
+    assert problem is not None and "train.new_key: run (not recorded), config 1" in problem
