@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from mwm.assignments import build_optimizers
+from mwm.assignments import OptimizerSettings, build_optimizers
 from mwm.model import GPT, GPTConfig
 from mwm.solvers import SolverSettings
 from mwm.msign import msign, msign_bf16, polar_exact
@@ -64,8 +64,8 @@ def bench_train(args):
             torch.manual_seed(0)
             model = GPT(GPTConfig(vocab_size=args.vocab, block_size=args.block, n_layer=args.layers,
                                   n_head=args.heads, n_embd=args.embd))
-            setups[(assignment, prec)] = (model, build_optimizers(
-                model, assignment, solver=SolverSettings.defaults(steps=20, alpha=0.1, precision=prec)))
+            settings = OptimizerSettings.defaults(solver=SolverSettings.defaults(steps=20, alpha=0.1, precision=prec))
+            setups[(assignment, prec)] = (model, build_optimizers(model, assignment, settings))
     times = step_times(setups, x, args.warmup, args.steps)
     for a in ("stiefel", "hetero"):
         f, b = statistics.median(times[(a, "float32")]), statistics.median(times[(a, "bfloat16")])

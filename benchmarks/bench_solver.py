@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from mwm.assignments import build_optimizers
+from mwm.assignments import OptimizerSettings, build_optimizers
 from mwm.config import load_config
 from mwm.model import GPT, GPTConfig
 from mwm.optim import ManifoldMuon
@@ -73,7 +73,7 @@ def _mini(args, assignment, solver, separate=False):
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=args.vocab, block_size=args.block, n_layer=args.layers_mini, n_head=4,
                           n_embd=args.embd))
-    opts = build_optimizers(model, assignment, solver=_settings(solver))
+    opts = build_optimizers(model, assignment, OptimizerSettings.defaults(solver=_settings(solver)))
     if separate:  # the old layout: one bank per manifold (a distinct group key keeps them apart)
         for g in opts.muon.param_groups:
             g["bank_tag"] = g["manifold"]

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from mwm.assignments import build_optimizers
+from mwm.assignments import OptimizerSettings, build_optimizers
 from mwm.model import GPT, GPTConfig
 from mwm.names import PAPER_ASSIGNMENTS
 from mwm.solvers import SolverSettings
@@ -27,7 +27,7 @@ def build(args, assignment, path):
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=args.vocab, block_size=args.block, n_layer=args.layers, n_head=args.heads,
                           n_embd=args.embd))
-    opts = build_optimizers(model, assignment, solver=SolverSettings.defaults(steps=args.dual_steps, alpha=0.1))
+    opts = build_optimizers(model, assignment, OptimizerSettings.defaults(solver=SolverSettings.defaults(steps=args.dual_steps, alpha=0.1)))
     if path == "released" and opts.muon is not None:
         groups = [{"params": g["params"], "manifold": g["manifold"], "weight_decay": g["weight_decay"]}
                   for g in opts.muon.param_groups]

@@ -47,13 +47,13 @@ def test_unknown_assignment_and_dead_pattern_are_errors():
 def test_attn_sigma_cap_puts_dgram_attention_in_a_capped_group_and_bounds_its_singular_values():
     import torch
 
-    from mwm.assignments import build_optimizers
+    from mwm.assignments import OptimizerSettings, build_optimizers
     from mwm.solvers import SolverSettings
 
     torch.manual_seed(0)
     model = tiny_gpt()
     solver = SolverSettings.defaults()
-    opts = build_optimizers(model, "dgram", muon_lr=2.0, attn_sigma_cap=1.0, solver=solver)
+    opts = build_optimizers(model, "dgram", OptimizerSettings.defaults(muon_lr=2.0, attn_sigma_cap=1.0, solver=solver))
     capped = [g for g in opts.muon.param_groups if g.get("sigma_cap") is not None]
     assert len(capped) == 1 and capped[0]["manifold"] == "dgram" and capped[0]["sigma_cap"] == 1.0
     assert sorted(capped[0]["names"]) == sorted(n for n in dict(model.named_parameters()) if ".attn.c_" in n)
@@ -68,23 +68,23 @@ def test_attn_sigma_cap_puts_dgram_attention_in_a_capped_group_and_bounds_its_si
     assert max(float(torch.linalg.matrix_norm(p.detach(), ord=2)) for p in attn) <= 1.0 + 1e-2
     assert max(float(torch.linalg.matrix_norm(p.detach(), ord=2)) for p in mlp) > 1.5  # the MLP is not capped
     # without the cap the groups are what they were: one per manifold, no sigma_cap key
-    plain = build_optimizers(tiny_gpt(), "dgram", solver=solver)
+    plain = build_optimizers(tiny_gpt(), "dgram", OptimizerSettings.defaults(solver=solver))
     assert [g["manifold"] for g in plain.muon.param_groups] == ["dgram"]
     assert all("sigma_cap" not in g for g in plain.muon.param_groups)
     with pytest.raises(ValueError, match="attn_sigma_cap"):
-        build_optimizers(tiny_gpt(), "dgram", attn_sigma_cap=0.0, solver=solver)
+        build_optimizers(tiny_gpt(), "dgram", OptimizerSettings.defaults(attn_sigma_cap=0.0, solver=solver))
 
 
 def test_mlp_cap_and_normalized_solve_get_groups_of_their_own():
     import torch
 
-    from mwm.assignments import build_optimizers
+    from mwm.assignments import OptimizerSettings, build_optimizers
     from mwm.solvers import SolverSettings
 
     torch.manual_seed(0)
     model = tiny_gpt()
     solver = SolverSettings.defaults()
-    opts = build_optimizers(model, "dgram", muon_lr=2.0, mlp_sigma_cap=1.5, solver_normalize="attn", solver=solver)
+    opts = build_optimizers(model, "dgram", OptimizerSettings.defaults(muon_lr=2.0, mlp_sigma_cap=1.5, solver_normalize="attn", solver=solver))
     groups = {(g.get("sigma_cap"), g.get("solver_normalize", False)): g for g in opts.muon.param_groups}
     assert set(groups) == {(1.5, False), (None, True)}
     assert all(".mlp.c_" in n for n in groups[1.5, False]["names"])
@@ -103,9 +103,9 @@ def test_mlp_cap_and_normalized_solve_get_groups_of_their_own():
         assert float(torch.linalg.matrix_norm(W, ord=2)) <= 1.5 * (1 + 1e-5)
         assert float((gram - torch.diag(gram.diagonal())).norm() / gram.diagonal().norm()) < 1e-4
     # a Stiefel weight in scope gets the normalized solve too, which is the paper's there (its scale is 1)
-    both = build_optimizers(tiny_gpt(), "hetero-inv", solver_normalize="all", solver=solver)
+    both = build_optimizers(tiny_gpt(), "hetero-inv", OptimizerSettings.defaults(solver_normalize="all", solver=solver))
     assert all(g.get("solver_normalize") for g in both.muon.param_groups)
     with pytest.raises(ValueError, match="solver_normalize"):
-        build_optimizers(tiny_gpt(), "dgram", solver_normalize="heads", solver=solver)
+        build_optimizers(tiny_gpt(), "dgram", OptimizerSettings.defaults(solver_normalize="heads", solver=solver))
     with pytest.raises(ValueError, match="mlp_sigma_cap"):
-        build_optimizers(tiny_gpt(), "dgram", mlp_sigma_cap=-1.0, solver=solver)
+        build_optimizers(tiny_gpt(), "dgram", OptimizerSettings.defaults(mlp_sigma_cap=-1.0, solver=solver))

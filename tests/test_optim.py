@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from mwm.assignments import build_optimizers
+from mwm.assignments import OptimizerSettings, build_optimizers
 from mwm.dual_ascent import manifold_muon_update
 from mwm.manifolds import get_manifold
 from mwm.msign import msign
@@ -63,7 +63,7 @@ def train(model, opts, steps=3):
 def test_constrained_weights_start_and_stay_on_manifold(assignment):
     torch.manual_seed(0)
     model = Tiny()
-    opts = build_optimizers(model, assignment, solver=SolverSettings.defaults(steps=5))
+    opts = build_optimizers(model, assignment, OptimizerSettings.defaults(solver=SolverSettings.defaults(steps=5)))
     train(model, opts)
     for name, p in model.named_parameters():
         mf = opts.assignment[name]
@@ -120,10 +120,10 @@ def test_banks_equal_unbatched_updates(mf):
 def test_state_dict_round_trip_is_exact():
     torch.manual_seed(3)
     model = Tiny()
-    opts = build_optimizers(model, "hetero", solver=SolverSettings.defaults(steps=4))
+    opts = build_optimizers(model, "hetero", OptimizerSettings.defaults(solver=SolverSettings.defaults(steps=4)))
     train(model, opts, steps=2)
     clone = copy.deepcopy(model)
-    opts2 = build_optimizers(clone, "hetero", solver=SolverSettings.defaults(steps=4), init_on_manifold=False)
+    opts2 = build_optimizers(clone, "hetero", OptimizerSettings.defaults(solver=SolverSettings.defaults(steps=4)), init_on_manifold=False)
     opts2.load_state_dict(copy.deepcopy(opts.state_dict()))
     train(model, opts, steps=2)
     train(clone, opts2, steps=2)
@@ -137,7 +137,7 @@ def test_state_dict_round_trip_is_exact():
 def test_nan_gradient_raises_and_writes_nothing():
     torch.manual_seed(4)
     model = Tiny()
-    opts = build_optimizers(model, "stiefel", solver=SolverSettings.defaults(steps=3))
+    opts = build_optimizers(model, "stiefel", OptimizerSettings.defaults(solver=SolverSettings.defaults(steps=3)))
     train(model, opts, steps=1)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     buffers = {k: v["momentum_buffer"].clone() for k, v in opts.muon.state_dict()["state"].items()}

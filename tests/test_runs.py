@@ -173,7 +173,7 @@ DEFAULTED_TRAIN_KEYS = frozenset({
     "admm_rho", "batch_size", "beta1", "beta2", "capture_pairs_step", "capture_sequence", "checkpoint_interval",
     "compile", "decay_lr", "device", "dgram_retraction", "dtype", "dual_ascent_alpha", "dual_ascent_steps",
     "eval_interval", "eval_iters", "eval_seed", "grad_accum", "grad_clip", "keep_final_checkpoint",
-    "learning_rate", "log_interval", "lr_decay_iters", "max_iters", "min_lr", "msign_precision", "muon_lr",
+    "learning_rate", "log_interval", "lr_decay_iters", "max_iters", "min_lr", "msign_precision", "msign_steps", "muon_lr",
     "muon_momentum", "probe_batch", "solver", "solver_max_steps", "solver_tol", "tf32", "warm_start",
     "warmup_iters", "weight_decay",
 })
@@ -190,7 +190,7 @@ def test_a_new_train_key_without_default_leaves_finished_runs_their_own():
 
     schema = yaml.safe_load((Path(__file__).resolve().parents[1] / "src" / "mwm" / "schema" / "train.yaml")
                             .read_text())["properties"]
-    defaulted = {k for k, spec in schema.items() if "default" in spec}
+    defaulted = {k for k, spec in schema.items() if "default" in spec or "$default" in spec}
     assert defaulted == DEFAULTED_TRAIN_KEYS, (
         f"train keys with a schema default changed ({sorted(defaulted ^ DEFAULTED_TRAIN_KEYS)}): a new key with a "
         "default makes every finished run foreign; give it none (docs/training.md, Run identity), or, for a "

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import fakedata
-from mwm.assignments import build_optimizers
+from mwm.assignments import OptimizerSettings, build_optimizers
 from mwm.dual_ascent import MixedProjector, dual_ascent
 from mwm.manifolds import get_manifold
 from mwm.optim import ManifoldMuon, _split_by_work
@@ -101,7 +101,7 @@ def test_admm_converges_to_the_dual_ascent_solution(name):
 def _tiny_opts(seed=0, **solver):
     torch.manual_seed(seed)
     model = Tiny()
-    return model, build_optimizers(model, "hetero", solver=SolverSettings.defaults(steps=4, **solver))
+    return model, build_optimizers(model, "hetero", OptimizerSettings.defaults(solver=SolverSettings.defaults(steps=4, **solver)))
 
 
 @pytest.mark.slow
@@ -113,7 +113,7 @@ def test_warm_state_round_trips_exactly(solver):
     duals = [s["dual"] for s in opts.muon.state.values() if "dual" in s]
     assert len(duals) == 8 and all(d.shape == (8, 8) for d in duals)
     clone = copy.deepcopy(model)
-    opts2 = build_optimizers(clone, "hetero", init_on_manifold=False, solver=SolverSettings.defaults(steps=4, **solver))
+    opts2 = build_optimizers(clone, "hetero", OptimizerSettings.defaults(solver=SolverSettings.defaults(steps=4, **solver)), init_on_manifold=False)
     opts2.load_state_dict(copy.deepcopy(opts.state_dict()))
     train(model, opts, steps=2)
     train(clone, opts2, steps=2)
@@ -140,13 +140,13 @@ PER_LAYER = {"transformer.h.0.mlp.*": "stiefel", "transformer.h.1.mlp.*": "dgram
 def test_equal_shapes_of_both_manifolds_share_one_bank_and_match_separate_optimizers():
     torch.manual_seed(0)
     model = Tiny()
-    opts = build_optimizers(model, PER_LAYER, solver=SolverSettings.defaults(steps=4))
+    opts = build_optimizers(model, PER_LAYER, OptimizerSettings.defaults(solver=SolverSettings.defaults(steps=4)))
     loss_of(model).backward()
     banks = [b for b in opts.muon._plan() if b[0][0]["manifold"] != "none"]
     assert len(banks) == 1 and sorted(g["manifold"] for g, _ in banks[0]) == ["dgram"] * 2 + ["stiefel"] * 2
     torch.manual_seed(0)
     ref = Tiny()
-    ref_opts = build_optimizers(ref, PER_LAYER, solver=SolverSettings.defaults(steps=4))
+    ref_opts = build_optimizers(ref, PER_LAYER, OptimizerSettings.defaults(solver=SolverSettings.defaults(steps=4)))
     separate = [ManifoldMuon([dict(g)], init_on_manifold=False) for g in ref_opts.muon.param_groups]
     for s in range(2):
         for m in (model, ref):
@@ -177,7 +177,7 @@ def test_work_split_is_balanced_and_contiguous():
     assert _split_by_work([1.0, 2.0], 1) == [0, 0]
     torch.manual_seed(0)
     model = Tiny()
-    opts = build_optimizers(model, "stiefel", solver=SolverSettings.defaults(steps=4))
+    opts = build_optimizers(model, "stiefel", OptimizerSettings.defaults(solver=SolverSettings.defaults(steps=4)))
     loss_of(model).backward()
     assert len(opts.muon._plan()) == 1  # one padded bank of 8 matrices: split in two
     opts.muon.shard(1, 2)

@@ -16,11 +16,13 @@ config entry, e.g. ``{"transformer.h.0.attn.*": "stiefel", "*.mlp.*": "dgram"}``
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Mapping
 
 import torch
 
+from .config import defaults
 from .layout import match_patterns
 from .names import ADAMW, ATTN_KEYS, MLP_KEYS, NAMED_ASSIGNMENTS, NORMALIZE_SCOPES
 from .optim import MUON_MANIFOLDS, ManifoldMuon
@@ -31,6 +33,7 @@ __all__ = [
     "nonfinite",
     "resolve_assignment",
     "Optimizers",
+    "OptimizerSettings",
     "build_optimizers",
 ]
 
@@ -173,38 +176,62 @@ class Optimizers:
             self.muon.load_state_dict(sd["muon"])
 
 
+@dataclass(frozen=True)
+class OptimizerSettings:
+    """Both optimizers' settings, built once from a config's ``train`` section (:meth:`from_train`; the
+    schema is the one home of the defaults, :meth:`defaults`), as :class:`~mwm.solvers.SolverSettings`
+    is for the inner solve. ``attn_sigma_cap`` / ``mlp_sigma_cap``: the DGram attention (MLP) weights
+    get a group of their own whose singular values are capped after every retraction (None: no cap, as
+    in the paper); ``solver_normalize``: ``all``, ``attn`` or ``mlp``, the modules whose constrained
+    weights get the scale-normalized inner solve (None: the paper's)."""
+
+    adamw_lr: float
+    betas: tuple[float, float]
+    weight_decay: float
+    muon_lr: float
+    momentum: float
+    dgram_retraction: str
+    solver: SolverSettings
+    attn_sigma_cap: float | None = None
+    mlp_sigma_cap: float | None = None
+    solver_normalize: str | None = None
+
+    @classmethod
+    def from_train(cls, train: Mapping, retraction: str | None = None) -> "OptimizerSettings":
+        """The settings a (validated) ``train`` section gives; ``retraction`` overrides its
+        ``dgram_retraction`` (a ``-colnorm`` variant)."""
+        return cls(adamw_lr=train["learning_rate"], betas=(train["beta1"], train["beta2"]),
+                   weight_decay=train["weight_decay"], muon_lr=train["muon_lr"], momentum=train["muon_momentum"],
+                   dgram_retraction=retraction or train["dgram_retraction"], solver=SolverSettings.from_train(train),
+                   attn_sigma_cap=train.get("attn_sigma_cap"), mlp_sigma_cap=train.get("mlp_sigma_cap"),
+                   solver_normalize=train.get("solver_normalize"))
+
+    @classmethod
+    def defaults(cls, **changes) -> "OptimizerSettings":
+        """The schema's defaults, with ``changes``."""
+        return dataclasses.replace(cls.from_train(defaults("train")), **changes)
+
+
 def build_optimizers(
     model: torch.nn.Module,
     assignment: str | Mapping[str, str],
+    settings: OptimizerSettings | None = None,
     *,
-    adamw_lr: float = 6e-4,
-    betas: tuple[float, float] = (0.9, 0.95),
-    weight_decay: float = 0.1,
-    muon_lr: float = 0.02,
-    momentum: float = 0.95,
-    dgram_retraction: str = "paper",
     init_on_manifold: bool = True,
-    solver: SolverSettings | None = None,
-    attn_sigma_cap: float | None = None,
-    mlp_sigma_cap: float | None = None,
-    solver_normalize: str | None = None,
 ) -> Optimizers:
     """Split ``model``'s parameters as the paper does and build both optimizers.
 
     AdamW: 2-D non-hidden weights with ``weight_decay``, the rest without.
     Muon: one group per manifold; plain Muon gets ``weight_decay``, the
     constrained groups get none (it would push them off the manifold).
-    ``solver``: the inner solve's settings and every msign's (:class:`~mwm.solvers.SolverSettings`;
-    None: the schema's defaults). ``attn_sigma_cap`` / ``mlp_sigma_cap``: the DGram attention (MLP)
-    weights go to a group of their own whose singular values are capped at it after every retraction
-    (``train.attn_sigma_cap``, the intervention of :mod:`mwm.sweep`); None: no cap, as in the paper.
-    ``solver_normalize``: ``all``, ``attn`` or ``mlp``, the modules whose constrained weights get a
-    group with the scale-normalized inner solve (``train.solver_normalize``); None: the paper's.
+    ``settings``: :class:`OptimizerSettings` (None: the schema's defaults).
     """
+    s = OptimizerSettings.defaults() if settings is None else settings
+    weight_decay, solver_normalize = s.weight_decay, s.solver_normalize
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     plan = resolve_assignment(named, assignment)
     decay, no_decay = [], []
-    caps = {"attn": attn_sigma_cap, "mlp": mlp_sigma_cap}
+    caps = {"attn": s.attn_sigma_cap, "mlp": s.mlp_sigma_cap}
     for kind, cap in caps.items():
         if cap is not None and not cap > 0:
             raise ValueError(f"{kind}_sigma_cap must be > 0 (or None), got {cap!r}")
@@ -226,7 +253,7 @@ def build_optimizers(
             params.append(p)
     adamw_groups = [g for g in ({"params": decay, "weight_decay": weight_decay},
                                 {"params": no_decay, "weight_decay": 0.0}) if g["params"]]
-    adamw = torch.optim.AdamW(adamw_groups, lr=adamw_lr, betas=betas)
+    adamw = torch.optim.AdamW(adamw_groups, lr=s.adamw_lr, betas=s.betas)
     muon = None
     if muon_groups:
         groups = [
@@ -236,6 +263,6 @@ def build_optimizers(
              **({"solver_normalize": True} if normalized else {})}
             for (mf, capped, normalized), (names, params) in sorted(muon_groups.items())
         ]
-        muon = ManifoldMuon(groups, lr=muon_lr, momentum=momentum, dgram_retraction=dgram_retraction,
-                            init_on_manifold=init_on_manifold, solver=solver)
+        muon = ManifoldMuon(groups, lr=s.muon_lr, momentum=s.momentum, dgram_retraction=s.dgram_retraction,
+                            init_on_manifold=init_on_manifold, solver=s.solver)
     return Optimizers(muon=muon, adamw=adamw, assignment=plan, _named=named)

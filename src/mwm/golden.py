@@ -114,7 +114,7 @@ def _model(assignment: str | None, precision: str = "float32", dtype=torch.float
     """The loss of a tiny GPT on fixed tokens (``assignment`` None), else its weights after one step of
     both optimizers of ``assignment`` (AdamW and Manifold Muon, the paper's settings), in ``dtype``."""
     def run():
-        from .assignments import build_optimizers
+        from .assignments import OptimizerSettings, build_optimizers
         from .model import GPT, GPTConfig
         from .solvers import SolverSettings
 
@@ -127,7 +127,7 @@ def _model(assignment: str | None, precision: str = "float32", dtype=torch.float
         x, y = tokens[:, :-1], tokens[:, 1:]
         if assignment is None:
             return model(x, y)[1].detach().reshape(1)
-        opts = build_optimizers(model, assignment, solver=SolverSettings.defaults(precision=precision))
+        opts = build_optimizers(model, assignment, OptimizerSettings.defaults(solver=SolverSettings.defaults(precision=precision)))
         opts.zero_grad()
         model(x, y)[1].backward()
         opts.step()

@@ -80,6 +80,14 @@ UNCONSTRAINED = ("none", ADAMW)
 RETRACTIONS = ("paper", "colnorm")
 #: Manifold Muon's inner solvers (:mod:`mwm.solvers`): the paper's dual ascent, and ADMM.
 SOLVERS = ("dual_ascent", "admm")
+#: The train keys of the inner solve, per :class:`mwm.solvers.SolverSettings` field (``steps``:
+#: ``solver_max_steps`` when set, else the paper's ``dual_ascent_steps``): what a
+#: ``grid.solver_comparison`` candidate may change.
+SOLVER_KEYS: dict[str, tuple[str, ...]] = {
+    "solver": ("solver",), "alpha": ("dual_ascent_alpha",), "steps": ("solver_max_steps", "dual_ascent_steps"),
+    "tol": ("solver_tol",), "rho": ("admm_rho",), "warm_start": ("warm_start",), "normalize": ("solver_normalize",)}
+#: The train keys of every msign of a step, per ``SolverSettings`` field.
+MSIGN_KEYS: dict[str, tuple[str, ...]] = {"msign_steps": ("msign_steps",), "precision": ("msign_precision",)}
 #: Which modules' inner solves ``train.solver_normalize`` scale-normalizes (:func:`mwm.solvers.scaled_solve`):
 #: module kind(s) per scope.
 NORMALIZE_SCOPES: dict[str, tuple[str, ...]] = {"all": ("attn", "mlp"), "attn": ("attn",), "mlp": ("mlp",)}

@@ -47,6 +47,7 @@ import torch
 
 from .manifolds import DGRAM_RETRACTIONS, MANIFOLDS, cap_column_norms, get_manifold, to_tall
 from .msign import msign
+from .config import defaults as schema_defaults
 from .solvers import SolverSettings, solve
 
 __all__ = ["ManifoldMuon", "MUON_MANIFOLDS", "momentum_direction", "muon_update"]
@@ -66,15 +67,20 @@ class ManifoldMuon(torch.optim.Optimizer):
     def __init__(
         self,
         params,
-        lr: float = 0.02,
-        momentum: float = 0.95,
+        lr: float | None = None,
+        momentum: float | None = None,
         nesterov: bool = True,
         weight_decay: float = 0.0,
-        dgram_retraction: str = "paper",
+        dgram_retraction: str | None = None,
         manifold: str = "none",
         init_on_manifold: bool = True,
         solver: SolverSettings | None = None,
     ):
+        if lr is None or momentum is None or dgram_retraction is None:  # the schema holds the defaults
+            train = schema_defaults("train")
+            lr = train["muon_lr"] if lr is None else lr
+            momentum = train["muon_momentum"] if momentum is None else momentum
+            dgram_retraction = train["dgram_retraction"] if dgram_retraction is None else dgram_retraction
         if lr < 0:
             raise ValueError(f"lr must be >= 0, got {lr}")
         if not 0.0 <= momentum < 1.0:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from .config import ConfigError, config_hash, validate
 from .io import CsvLog, atomic_write, read_csv_rows
-from .names import COLNORM_SUFFIX, NAMED_ASSIGNMENTS, is_colnorm, parse_variant, uses_dgram, variant_name
+from .names import (COLNORM_SUFFIX, NAMED_ASSIGNMENTS, SOLVER_KEYS, is_colnorm, parse_variant, uses_dgram,
+                    variant_name)
 from .numerics import VERSION, version_problem
 from .paths import inside
 from .sweep import assignment_spec, sweep_overrides, sweep_points, sweep_variant, sweep_variants
@@ -25,8 +26,7 @@ __all__ = ["RUN_FILES", "capture_variants", "capture_window", "run_dir", "checkp
            "identity_problem", "identity_checkable", "RESULTS_ROOT", "HAND_FOLDER"]
 
 #: The train settings of the inner solver: all a ``grid.solver_comparison`` candidate may change.
-SOLVER_TRAIN_KEYS = ("solver", "warm_start", "solver_max_steps", "solver_tol", "admm_rho", "dual_ascent_steps",
-                     "dual_ascent_alpha", "solver_normalize")
+SOLVER_TRAIN_KEYS = tuple(k for keys in SOLVER_KEYS.values() for k in keys)
 
 #: The results root of the workflow (the train rule's ``--out``): its ``runs/<name>/`` holds the config's own runs.
 RESULTS_ROOT = "results"

@@ -59,6 +59,7 @@ from typing import Iterable, Mapping
 import torch
 
 from . import names
+from .config import defaults
 from .dual_ascent import METHODS, DualAscentResult, as_manifold, dual_ascent
 from .inner import Tolerance, check_inputs, check_iterations, or_default, result, start_multiplier, tall_pair
 from .manifolds import rms, to_tall
@@ -117,16 +118,13 @@ class SolverSettings:
         """The settings a config's (validated) ``train`` section gives. ``train.solver_normalize`` names
         the modules whose solves are normalized, so :func:`mwm.assignments.build_optimizers` sets
         ``normalize`` per parameter group; here it stays False."""
-        return cls(solver=train["solver"], alpha=train["dual_ascent_alpha"],
-                   steps=train["solver_max_steps"] or train["dual_ascent_steps"], tol=train["solver_tol"],
-                   rho=train["admm_rho"], warm_start=train["warm_start"], msign_steps=train["msign_steps"],
-                   precision=train["msign_precision"])
+        keys = {**names.SOLVER_KEYS, **names.MSIGN_KEYS}
+        return cls(**{field: next((train[k] for k in ks if train.get(k) is not None), None)
+                      for field, ks in keys.items() if field != "normalize"})
 
     @classmethod
     def defaults(cls, **changes) -> "SolverSettings":
         """The schema's defaults (the paper's cold-started 20-step dual ascent, alpha 0.1), with ``changes``."""
-        from .config import defaults
-
         return dataclasses.replace(cls.from_train(defaults("train")), **changes)
 
     def replace(self, **changes) -> "SolverSettings":

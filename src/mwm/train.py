@@ -49,7 +49,7 @@ import numpy as np
 import torch
 
 from . import __version__
-from .assignments import build_optimizers, nonfinite
+from .assignments import OptimizerSettings, build_optimizers, nonfinite
 from .checks import check_config, check_run
 from .config import ConfigError, config_hash, load_config, resolve_device, seed_bound
 from .errors import write_failure
@@ -64,7 +64,6 @@ from .paths import check_out_root, inside
 from .runs import (HAND_FOLDER, RESULTS_ROOT, RunFolder, capture_window, check_grid, config_run_identity,
                    identity_diff, run_config, run_identity)
 from .schedule import learning_rates
-from .solvers import SolverSettings
 from .sweep import assignment_spec
 
 __all__ = ["main", "train", "EXIT_PREEMPTED", "build_model_config", "resolve_data"]
@@ -374,13 +373,8 @@ class Run:
         # built on the CPU, optimizers too (the Stiefel init's float64 SVDs run there), then
         # moved; the optimizers then follow the moved parameters
         self.model = GPT(self.mcfg)
-        self.opts = build_optimizers(
-            self.model, assignment_spec(cfg["grid"], assignment), adamw_lr=tc["learning_rate"], betas=(tc["beta1"], tc["beta2"]),
-            weight_decay=tc["weight_decay"], muon_lr=tc["muon_lr"], momentum=tc["muon_momentum"],
-            dgram_retraction=retraction, solver=SolverSettings.from_train(tc),
-            attn_sigma_cap=tc.get("attn_sigma_cap"), mlp_sigma_cap=tc.get("mlp_sigma_cap"),
-            solver_normalize=tc.get("solver_normalize"),
-        )
+        self.opts = build_optimizers(self.model, assignment_spec(cfg["grid"], assignment),
+                                     OptimizerSettings.from_train(tc, retraction))
         self.model.to(self.device)
         self.opts.follow(self.model)
         if self.opts.muon is not None and world > 1:
