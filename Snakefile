@@ -26,7 +26,7 @@ rule all:
         all_targets(),
 
 
-# One target per kind of product (mwm.stages.PRODUCTS): what each DVC stage runs, and handy alone
+# One target per kind of product (mwm.workflow.stages.PRODUCTS): what each DVC stage runs, and handy alone
 # (`snakemake --cores 2 runs`).
 rule data:
     input:

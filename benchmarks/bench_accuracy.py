@@ -7,8 +7,8 @@ Stiefel, DGram and plain-Muon matrix's update is computed
   its banks (small matrices zero-padded to their bank's height), evaluation order ``auto``, the
   eigh DGram retraction, float32 (the config's msign precision);
 * ``direct`` / ``gram``: the same solve per matrix, unpadded, in one fixed evaluation order
-  (``mwm.dual_ascent``; plain Muon: ``mwm.msign``), float32;
-* ``released``: the released protocol: per matrix, bfloat16 msign (emulated, ``mwm.msign.msign_bf16``),
+  (``mwm.optim.dual_ascent``; plain Muon: ``mwm.optim.msign``), float32;
+* ``released``: the released protocol: per matrix, bfloat16 msign (emulated, ``mwm.optim.msign.msign_bf16``),
   the direct order, DGram retracted by a float32 SVD, Stiefel by the bfloat16 msign;
 
 and each against a float64 reference of the same computation (the same iterations in float64, the
@@ -125,8 +125,8 @@ def rel(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def _released_retract(name: str, X: torch.Tensor, retraction: str) -> torch.Tensor:
-    from mwm.manifolds import retract_dgram_svd
-    from mwm.msign import msign
+    from mwm.optim.manifolds import retract_dgram_svd
+    from mwm.optim.msign import msign
 
     if name == "stiefel":
         return msign(X, precision="bfloat16")
@@ -137,7 +137,7 @@ def _released_retract(name: str, X: torch.Tensor, retraction: str) -> torch.Tens
 
 def _svd_retract(X: torch.Tensor, form: str) -> torch.Tensor:
     """A DGram retraction form by an SVD in ``X``'s own dtype (the released code's way, float32)."""
-    from mwm.manifolds import retract_dgram_svd, to_tall
+    from mwm.optim.manifolds import retract_dgram_svd, to_tall
 
     if form == "paper":
         return retract_dgram_svd(X)
@@ -149,7 +149,7 @@ def _svd_retract(X: torch.Tensor, form: str) -> torch.Tensor:
 
 
 def _ref_retract(name: str, X64: torch.Tensor, retraction: str) -> torch.Tensor:
-    from mwm.msign import msign
+    from mwm.optim.msign import msign
 
     if name == "stiefel":
         return msign(X64, method="direct")
@@ -180,11 +180,11 @@ def _nudged(W64: torch.Tensor, U64: torch.Tensor) -> tuple[torch.Tensor, torch.T
 
 def measure_file(path: Path, src: Source, etas: tuple[float, ...]) -> list[dict]:
     """One row per matrix: its errors on every path."""
-    import mwm.train as T
+    import mwm.train.loop as T
     from mwm.config import load_config
-    from mwm.manifolds import get_manifold
-    from mwm.msign import msign
-    from mwm.solvers import SolverSettings, solve
+    from mwm.optim.manifolds import get_manifold
+    from mwm.optim.msign import msign
+    from mwm.optim.solvers import SolverSettings, solve
 
     cfg = load_config(str(ROOT / src.config), list(src.overrides))
     z = np.load(path)

@@ -16,11 +16,11 @@ import time
 import torch
 from torch import nn
 
-from mwm.dual_ascent import dual_ascent
-from mwm.manifolds import get_manifold, retract_dgram_svd
-from mwm.names import NAMED_ASSIGNMENTS
-from mwm.optim import ManifoldMuon
-from mwm.solvers import SolverSettings
+from mwm.optim.dual_ascent import dual_ascent
+from mwm.optim.manifolds import get_manifold, retract_dgram_svd
+from mwm.config.names import NAMED_ASSIGNMENTS
+from mwm.optim.muon import ManifoldMuon
+from mwm.optim.solvers import SolverSettings
 
 from released_path import released_step
 
@@ -218,7 +218,7 @@ def time_retractions(repeats, bank=1):
     the same form by a float64 SVD. Two kinds of weight: ``W - eta A`` on the manifold (what training
     makes at the paper's rates) and a nearly singular one (Gram spread 1e12: the SVD path). The eigh of
     a float32 Gram (numerics version 3's form) is timed to price the float64 one."""
-    from mwm.manifolds import _retract_dgram_paper
+    from mwm.optim.manifolds import _retract_dgram_paper
 
     print(f"\n== DGram retraction of GPT-2 small's banks ({bank} per shape) vs the released float32 SVD ==")
     g = torch.Generator().manual_seed(1)

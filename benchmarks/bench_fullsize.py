@@ -3,7 +3,7 @@
 GPT-2 small's shapes (n_embd 768, 12 heads, block 1024, vocab 50304, no biases as in
 the released train.py) with few layers (default 2) and batch 1, so a handful of
 steps per assignment fits on a CPU. Each of the five assignments runs in its own
-process (so its peak memory is its own) through ``mwm.train.Run``:
+process (so its peak memory is its own) through ``mwm.train.loop.Run``:
 
 1. a run to ``--resume-at`` steps that is then preempted as SIGTERM would do
    (checkpoint written by ``Run.save_checkpoint``, exit 75), with the (W, G) pairs
@@ -79,11 +79,11 @@ def make_config(args) -> dict:
 
 def _data(args, cfg):
     """The token data: prepared by mwm.data into <workdir>/data, or random ids."""
-    import mwm.train
+    import mwm.train.loop
 
     if args.data == "random":
         data = RandomTokens(min(args.vocab, 50257), 200_000)
-        mwm.train.resolve_data = lambda cfg: data
+        mwm.train.loop.resolve_data = lambda cfg: data
         return
     from mwm.data import dataset_dir, prepare_dataset
 
@@ -95,7 +95,7 @@ def run_one(args, assignment: str, out: Path) -> dict:
     """One assignment: train to resume_at, preempt, resume in a new Run, train to steps."""
     import torch
 
-    import mwm.train as T
+    import mwm.train.loop as T
 
     if args.threads:
         torch.set_num_threads(args.threads)

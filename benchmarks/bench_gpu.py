@@ -1,7 +1,7 @@
 """GPU check: the paper's model and batch, bf16, every assignment, in a few minutes.
 
 For when a GPU is lent (``scripts/gpu_check.sh`` runs it). On one device, through the
-package's own training step (``mwm.train.Run.train_step`` on random token ids, nothing
+package's own training step (``mwm.train.loop.Run.train_step`` on random token ids, nothing
 read from disk but the config), for each assignment: ``--warmup`` untimed steps, then
 up to ``--steps`` timed ones. Printed per assignment:
 
@@ -9,7 +9,7 @@ up to ``--steps`` timed ones. Printed per assignment:
   paper's H100 figures (Stiefel 5.8x, hetero 8.3x, DGram 13.6x) and this project's
   goal (at most half of those; the ADMM row at most 1.5x none);
 - the optimizer's share of the step, peak memory, host-device syncs per step
-  (:class:`mwm.syncs.SyncCounter`: exact on CUDA, a proxy on CPU);
+  (:class:`mwm.train.syncs.SyncCounter`: exact on CUDA, a proxy on CPU);
 - the optimizer's matmul FLOPs per step, counted from the Muon matrices' shapes and
   the solver's iterations (:func:`optimizer_flops`), and the TFLOP/s they achieve in
   the optimizer's time, against the GPU's bf16 dense peak;
@@ -91,7 +91,7 @@ def make_config(args, micro_batch: int, accum: int, extra: dict | None = None) -
     if any(v is not None for v in shape.values()):
         over["model.size"] = None
         base = load_config(args.config)["model"]
-        from mwm.model import SIZES
+        from mwm.train.model import SIZES
 
         named = SIZES.get(base["size"], {}) if base["size"] else {}
         for key, value in shape.items():
@@ -124,7 +124,7 @@ def is_oom(exc: BaseException) -> bool:
 def msign_flops(m: int, n: int, steps: int, order: str = "direct") -> float:
     """Matmul FLOPs of one Polar Express msign of a tall ``m x n`` matrix: in the released
     (direct, wide) order per step ``S = X X^T``, ``S^2``, ``(...) X``; in the package's Gram
-    order (:mod:`mwm.msign`) ``X^T X`` twice and ``X Q`` twice (the restart and the end) and
+    order (:mod:`mwm.optim.msign`) ``X^T X`` twice and ``X Q`` twice (the restart and the end) and
     per step ``b R + c R^2``, ``Q y`` and ``R y y``."""
     if order == "gram":
         return 4 * 2.0 * m * n * n + steps * 4 * 2.0 * n ** 3
@@ -133,7 +133,7 @@ def msign_flops(m: int, n: int, steps: int, order: str = "direct") -> float:
 
 def dual_iteration_flops(m: int, n: int, msign_steps: int, order: str = "direct") -> float:
     """Matmul FLOPs of one dual-ascent iteration: direct, one msign with ``W S`` and ``W^T A``;
-    Gram (:mod:`mwm.dual_ascent`), ``D S``, ``K^T S``, ``S (D S)`` and ``(W^T M) Q_1`` in n x n,
+    Gram (:mod:`mwm.optim.dual_ascent`), ``D S``, ``K^T S``, ``S (D S)`` and ``(W^T M) Q_1`` in n x n,
     ``W S``, ``M Q_1`` and ``X^T X`` in m x n, the Polar Express steps in n x n and ``W^T X Q_2``."""
     prod = 2.0 * m * n * n
     if order == "gram":
@@ -157,7 +157,7 @@ def update_flops(m: int, n: int, manifold: str, solver: str, iterations: int, ms
 
 
 def optimizer_flops(muon) -> float:
-    """Matmul FLOPs per step of a :class:`~mwm.optim.ManifoldMuon` (0 without one),
+    """Matmul FLOPs per step of a :class:`~mwm.optim.muon.ManifoldMuon` (0 without one),
     from its matrices' shapes and each group's solver, iteration cap and msign steps."""
     if muon is None:
         return 0.0
@@ -177,8 +177,8 @@ def agreement(captured: dict, cfg: dict, lr: float, device) -> dict:
     ``precision="float32"``. Returns the worst and median relative Frobenius difference
     of the weight change, over the matrices.
     """
-    from mwm.dual_ascent import manifold_muon_update
-    from mwm.msign import msign
+    from mwm.optim.dual_ascent import manifold_muon_update
+    from mwm.optim.msign import msign
 
     tc = cfg["train"]
     diffs = {}
@@ -224,7 +224,7 @@ def exercise_run_paths(run, cfg, out: Path) -> dict:
     and whether the resumed run continued where the first stopped."""
     import torch
 
-    import mwm.train as T
+    import mwm.train.loop as T
 
     spectral = spectral_paths(run)
     t0 = time.perf_counter()
@@ -247,13 +247,13 @@ def exercise_run_paths(run, cfg, out: Path) -> dict:
 
 def spectral_paths(run) -> dict:
     """The spectral logging's SVDs two ways, timed: as training does them (float64 copies
-    on the CPU, :func:`mwm.diagnostics.spectral_stats`) and in float32 on the run's device
+    on the CPU, :func:`mwm.train.diagnostics.spectral_stats`) and in float32 on the run's device
     (singular values and Gram matrix of each matrix, results moved once), to choose
     between them at the model's shapes."""
     import torch
 
-    from mwm.assignments import module_kind
-    from mwm.diagnostics import spectral_stats
+    from mwm.optim.assignments import module_kind
+    from mwm.train.diagnostics import spectral_stats
 
     t0 = time.perf_counter()
     spectral_stats(run.model, run.opts.assignment, run.step)
@@ -275,8 +275,8 @@ def measure(args, name: str, batch: int, accum: int, budget_s: float, out: Path,
     """One row: a Run of ``name``'s assignment, warm-up, timed steps, syncs, agreement."""
     import torch
 
-    import mwm.train as T
-    from mwm.syncs import SyncCounter
+    import mwm.train.loop as T
+    from mwm.train.syncs import SyncCounter
 
     assignment, extra = row_spec(name)
     cfg = make_config(args, batch, accum, extra)
@@ -325,7 +325,7 @@ def measure(args, name: str, batch: int, accum: int, budget_s: float, out: Path,
 def bench_assignment(args, name: str, budget_s: float, out: Path, exercise: bool = False) -> dict:
     """:func:`measure` on random token ids, halving the micro-batch on a GPU allocation
     failure at any step (the same tokens per step through gradient accumulation)."""
-    import mwm.train as T
+    import mwm.train.loop as T
     from bench_fullsize import RandomTokens
 
     batch, accum = load_batch(args) if args.batch is None else (args.batch, 1)
@@ -409,10 +409,10 @@ def retraction_row(args, cfg: dict) -> dict:
     the same form by a float64 SVD. ``W - eta A`` on the manifold, as training makes it."""
     import torch
 
-    from mwm.manifolds import get_manifold, retract_dgram_svd
+    from mwm.optim.manifolds import get_manifold, retract_dgram_svd
 
     dev = torch.device(args.device)
-    from mwm.model import SIZES
+    from mwm.train.model import SIZES
 
     m = SIZES[cfg["model"]["size"]] if cfg["model"]["size"] else cfg["model"]
     e, layers = m["n_embd"], m["n_layer"]

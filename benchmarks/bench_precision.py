@@ -18,10 +18,10 @@ import time
 
 import torch
 
-from mwm.assignments import OptimizerSettings, build_optimizers
-from mwm.model import GPT, GPTConfig
-from mwm.solvers import SolverSettings
-from mwm.msign import msign, msign_bf16, polar_exact
+from mwm.optim.assignments import OptimizerSettings, build_optimizers
+from mwm.train.model import GPT, GPTConfig
+from mwm.optim.solvers import SolverSettings
+from mwm.optim.msign import msign, msign_bf16, polar_exact
 
 from bench_core import step_times
 

@@ -8,7 +8,7 @@ Prints, each measured in this process:
    iterations), on DGram pairs (m x n, column norms spread 10x, a rank-2 momentum plus noise) at weight
    scales 0.3 .. 100, float64, mean over ``--draws`` draws;
 2. ``--cost``: one run of ``--config``'s model per ``--assignment`` (random token ids, one thread):
-   the median training step against the solver-quality measurement (``mwm.quality``) of a step, and the
+   the median training step against the solver-quality measurement (``mwm.optim.quality``) of a step, and the
    measurement's share of a run that measures at every ``train.eval_interval`` steps.
 
     python benchmarks/bench_quality.py --scales
@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mwm.solvers import SolverSettings, solve
+from mwm.optim.solvers import SolverSettings, solve
 
 SCALES = (0.3, 1.0, 3.0, 10.0, 30.0, 100.0)
 
@@ -65,10 +65,10 @@ def scales_table(m: int, n: int, draws: int) -> None:
 
 def cost(config: str, assignments: list[str], steps: int, repeats: int) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import mwm.train as T
+    import mwm.train.loop as T
     from bench_fullsize import RandomTokens
     from mwm.config import load_config
-    from mwm.quality import quality_rows
+    from mwm.optim.quality import quality_rows
 
     torch.set_num_threads(1)
     cfg = load_config(config)

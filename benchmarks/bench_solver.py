@@ -26,11 +26,11 @@ from pathlib import Path
 
 import torch
 
-from mwm.assignments import OptimizerSettings, build_optimizers
+from mwm.optim.assignments import OptimizerSettings, build_optimizers
 from mwm.config import load_config
-from mwm.model import GPT, GPTConfig
-from mwm.optim import ManifoldMuon
-from mwm.solvers import SolverSettings
+from mwm.train.model import GPT, GPTConfig
+from mwm.optim.muon import ManifoldMuon
+from mwm.optim.solvers import SolverSettings
 from mwm.studies.solvers import (candidates, capture_sequences, load_sequence, measure_sequence, parse_candidate,
                                  summarise)
 

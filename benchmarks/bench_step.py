@@ -1,6 +1,6 @@
 """Where a training step of a config goes: forward+backward, optimizer, evaluation, per op.
 
-For each assignment, one ``mwm.train.Run`` of the config (its model, data, optimizer
+For each assignment, one ``mwm.train.loop.Run`` of the config (its model, data, optimizer
 settings) runs ``--steps`` training steps after a warm-up, then one evaluation; it prints
 
 * per step: forward+backward and optimizer milliseconds (medians), the optimizer's share;
@@ -30,11 +30,11 @@ from pathlib import Path
 import torch
 
 from mwm.config import ConfigError, load_config
-from mwm.diagnostics import attention_stats, spectral_stats
-from mwm.msign import choose_order
-from mwm.manifolds import to_tall
-from mwm.runs import run_config
-from mwm.train import Run
+from mwm.train.diagnostics import attention_stats, spectral_stats
+from mwm.optim.msign import choose_order
+from mwm.optim.manifolds import to_tall
+from mwm.workflow.runs import run_config
+from mwm.train.loop import Run
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_gpu import update_flops  # noqa: E402  (one FLOP model for the benchmarks)

@@ -15,10 +15,10 @@ import time
 
 import torch
 
-from mwm.assignments import OptimizerSettings, build_optimizers
-from mwm.model import GPT, GPTConfig
-from mwm.names import PAPER_ASSIGNMENTS
-from mwm.solvers import SolverSettings
+from mwm.optim.assignments import OptimizerSettings, build_optimizers
+from mwm.train.model import GPT, GPTConfig
+from mwm.config.names import PAPER_ASSIGNMENTS
+from mwm.optim.solvers import SolverSettings
 
 from released_path import ReleasedMuon
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from mwm.manifolds import get_manifold, retract_dgram_svd
-from mwm.msign import msign
+from mwm.optim.manifolds import get_manifold, retract_dgram_svd
+from mwm.optim.msign import msign
 
 
 def _project(M, name):

@@ -7,18 +7,18 @@ import sys
 
 from snakemake.exceptions import WorkflowError
 
-from mwm.checks import check_config, check_splits
+from mwm.config.checks import check_config, check_splits
 from mwm.config import PLANNED_ENV, ConfigError, load_config, planned_stamp
 from mwm.data import DataError, TokenDataset, dataset_dir
-from mwm.launch import ranks_per_run
-from mwm.names import UNCONSTRAINED, parse_variant
+from mwm.train.launch import ranks_per_run
+from mwm.config.names import UNCONSTRAINED, parse_variant
 from mwm.numerics import VERSION as NUMERICS
-from mwm.owner import check_owner, claim
-from mwm.dvcgen import PERSISTENT, folders
-from mwm.paths import CONFIG_ENV, checkout_relative, first_on_pythonpath, inside, leads_out
-from mwm.runs import RESULTS_ROOT, RUN_FILES, capture_variants, capture_window, check_grid, grid_variants, run_config
-from mwm import stages
-from mwm.site import site_resources
+from mwm.workflow.owner import check_owner, claim
+from mwm.workflow.dvc import PERSISTENT, folders
+from mwm.workflow.paths import CONFIG_ENV, checkout_relative, first_on_pythonpath, inside, leads_out
+from mwm.workflow.runs import RESULTS_ROOT, RUN_FILES, capture_variants, capture_window, check_grid, grid_variants, run_config
+from mwm.workflow import stages
+from mwm.workflow.site import site_resources
 from mwm.setaside import RETRAIN_FOLDER, SET_ASIDE_RULE, foreign_problem, foreign_root, next_marker, retrain_markers
 
 # The file the entry points read: the last --configfile, else the default. Snakemake makes it
@@ -118,7 +118,7 @@ def _check_data():
 
 _check_data()
 
-RUN_VARIANTS = grid_variants(CFG["grid"])  # every trained variant (mwm.names.variant_name)
+RUN_VARIANTS = grid_variants(CFG["grid"])  # every trained variant (mwm.config.names.variant_name)
 SEEDS = CFG["grid"]["seeds"]
 RUNS = f"{RESULTS_ROOT}/runs/{NAME}"
 STUDIES = f"{RESULTS_ROOT}/studies/{NAME}"
@@ -146,7 +146,7 @@ _check_dvc_stage()
 
 
 def study_outputs(*names):
-    """The files the named studies write (mwm.stages), in the config's study folder."""
+    """The files the named studies write (mwm.workflow.stages), in the config's study folder."""
     return [f"{STUDIES}/{f}" for f in stages.study_files(names)]
 
 
@@ -207,12 +207,12 @@ LOGS = f"logs/{NAME}"
 
 def bench(stage, wildcards=""):
     """Snakemake's benchmark TSV of a job (wall time, CPU time, memory): one file per job under
-    logs/<config>/benchmarks/<stage>/ (mwm.status sums them per stage)."""
+    logs/<config>/benchmarks/<stage>/ (mwm.workflow.status sums them per stage)."""
     return f"{LOGS}/benchmarks/{stage}/{wildcards or stage}.tsv"
 
 def res(stage):
     """Resources of a stage from the config's workflow section, with the SLURM site settings of its
-    kind of job (GPU or CPU) from the environment (mwm.site)."""
+    kind of job (GPU or CPU) from the environment (mwm.workflow.site)."""
     r = dict(CFG["workflow"]["resources"][stage])
     try:
         site = site_resources(r["gpu"])

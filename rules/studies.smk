@@ -5,7 +5,7 @@
 # DGram-attention run's spectral log against the singular-value growth bound (see
 # probe_run in common.smk).
 
-# Each study's output files: study_outputs (common.smk) from the stage manifest, mwm.stages.
+# Each study's output files: study_outputs (common.smk) from the stage manifest, mwm.workflow.stages.
 
 
 rule study_alpha:

@@ -1,7 +1,7 @@
 # Training: one job per (assignment variant, seed). A job cut by a time limit or
 # preemption exits with 75 after a checkpoint (kept outside the declared outputs,
 # under results/checkpoints/); the retry resumes from it. A config with more than one
-# rank per run: mwm.train starts the ranks itself (mwm.launch), one node (see res()).
+# rank per run: mwm.train starts the ranks itself (mwm.train.launch), one node (see res()).
 # A finished run that is not the config's own (written outside the workflow) is moved aside
 # first by set_aside_foreign_run, whose marker is then an input of its train job (train_input).
 

@@ -31,7 +31,7 @@ def one_thread():
 @pytest.fixture()
 def fake_data(monkeypatch):
     """Training reads the stand-in token dataset (tests/fakedata.py), no tokenizer needed."""
-    monkeypatch.setattr("mwm.train.resolve_data", lambda cfg: fakedata.FakeData())
+    monkeypatch.setattr("mwm.train.loop.resolve_data", lambda cfg: fakedata.FakeData())
 
 
 @pytest.fixture()

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-import mwm.train
+import mwm.train.loop
 import importlib.util
 import os
 import shutil
@@ -30,7 +30,7 @@ class FakeData:
 
 
 def patch():
-    mwm.train.resolve_data = lambda cfg: FakeData()
+    mwm.train.loop.resolve_data = lambda cfg: FakeData()
 
 
 TINY = {
@@ -93,9 +93,9 @@ def wait_for(pred, proc, timeout=180):
 
 
 def run_main(tmp_path, *extra, assignment="none", seed="0", out="out", **over):
-    """``mwm.train.main`` in this process on a tiny config; its return code and run folder."""
+    """``mwm.train.loop.main`` in this process on a tiny config; its return code and run folder."""
     cfg = write_config(tmp_path / "tiny.yaml", **over)
-    rc = mwm.train.main(["--config", str(cfg), "--assignment", assignment, "--seed", seed,
+    rc = mwm.train.loop.main(["--config", str(cfg), "--assignment", assignment, "--seed", seed,
                          "--out", str(tmp_path / out), *extra])
     return rc, tmp_path / out / "runs" / "tiny" / assignment / f"seed{seed}"
 

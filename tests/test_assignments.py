@@ -1,10 +1,10 @@
-"""mwm.assignments: named assignments and ``grid.custom`` patterns mapped onto the model's
+"""mwm.optim.assignments: named assignments and ``grid.custom`` patterns mapped onto the model's
 parameters (attention and MLP matrices to their manifolds, everything else to AdamW)."""
 
 import pytest
 
-from mwm.assignments import resolve_assignment
-from mwm.model import GPT, GPTConfig
+from mwm.optim.assignments import resolve_assignment
+from mwm.train.model import GPT, GPTConfig
 
 
 def tiny_gpt():
@@ -47,8 +47,8 @@ def test_unknown_assignment_and_dead_pattern_are_errors():
 def test_attn_sigma_cap_puts_dgram_attention_in_a_capped_group_and_bounds_its_singular_values():
     import torch
 
-    from mwm.assignments import OptimizerSettings, build_optimizers
-    from mwm.solvers import SolverSettings
+    from mwm.optim.assignments import OptimizerSettings, build_optimizers
+    from mwm.optim.solvers import SolverSettings
 
     torch.manual_seed(0)
     model = tiny_gpt()
@@ -78,8 +78,8 @@ def test_attn_sigma_cap_puts_dgram_attention_in_a_capped_group_and_bounds_its_si
 def test_mlp_cap_and_normalized_solve_get_groups_of_their_own():
     import torch
 
-    from mwm.assignments import OptimizerSettings, build_optimizers
-    from mwm.solvers import SolverSettings
+    from mwm.optim.assignments import OptimizerSettings, build_optimizers
+    from mwm.optim.solvers import SolverSettings
 
     torch.manual_seed(0)
     model = tiny_gpt()

@@ -51,7 +51,7 @@ def test_a_retraction_form_is_held_to_the_float32_svd_of_the_same_input(bench):
 def measured(bench, tmp_path_factory):
     """Every row ``measure_file`` gives on the (W, U) pairs of step 3 of a tiny hetero run (ci.yaml's model,
     random tokens)."""
-    import mwm.train as T
+    import mwm.train.loop as T
     from mwm.config import load_config
 
     sys_path = str(ROOT / "benchmarks")

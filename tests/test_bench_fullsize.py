@@ -1,7 +1,7 @@
 """The full-size CPU benchmark's code path (benchmarks/bench_fullsize.py), at reduced width.
 
 The benchmark itself runs GPT-2 small's widths (too slow for CI on 2 cores); this runs
-the same function, mwm.train.Run through a preemption checkpoint and a resume, with a
+the same function, mwm.train.loop.Run through a preemption checkpoint and a resume, with a
 narrow model, so the path is known to work.
 """
 
@@ -18,15 +18,15 @@ def _bench():
 
 @pytest.mark.parametrize("assignment", ["none", "hetero"])
 def test_fullsize_path_at_reduced_width(tmp_path, monkeypatch, assignment):
-    import mwm.train
+    import mwm.train.loop
 
     bench = _bench()
     monkeypatch.chdir(tmp_path)
     args = bench.parse(["--embd", "32", "--heads", "4", "--block", "48", "--vocab", "320", "--steps", "3",
                         "--resume-at", "2", "--dual-steps", "3", "--data", "random", "--threads", "1"])
-    resolve = mwm.train.resolve_data
+    resolve = mwm.train.loop.resolve_data
     r = bench.run_one(args, assignment, tmp_path / "results")
-    assert mwm.train.resolve_data is resolve  # the benchmark's stand-in data is undone
+    assert mwm.train.loop.resolve_data is resolve  # the benchmark's stand-in data is undone
     assert r["resumed_at"] == 2 and r["steps"] == 3 and len(r["step_ms_all"]) == 3
     assert sorted(map(tuple, r["banks"])) == [(32, 32), (32, 128), (96, 32), (128, 32)]
     # spectra and attention logged at the two evaluations (steps 0 and 3), at T = block

@@ -1,5 +1,5 @@
 """benchmarks/bench_gpu.py runs on CPU with a tiny model (no GPU in CI): every
-assignment and the ADMM row are timed through mwm.train.Run, ratios to none and the
+assignment and the ADMM row are timed through mwm.train.loop.Run, ratios to none and the
 paper's H100 figures are printed with the settings, syncs and FLOPs; the results are
 written after every assignment; one row exercises evaluate, checkpoint and resume; and
 the one-update precision check gives finite numbers."""
@@ -24,12 +24,12 @@ def bench():
 
 @pytest.mark.slow
 def test_bench_gpu_runs_on_cpu_tiny(tmp_path, capsys, bench):
-    import mwm.train
+    import mwm.train.loop
 
-    resolve = mwm.train.resolve_data
+    resolve = mwm.train.loop.resolve_data
     out = tmp_path / "r.json"
     assert bench.main(TINY + ["--json", str(out)]) == 0
-    assert mwm.train.resolve_data is resolve
+    assert mwm.train.loop.resolve_data is resolve
     text = capsys.readouterr().out
     doc = json.loads(out.read_text())
     st = doc["settings"]
@@ -87,10 +87,10 @@ def test_results_are_written_after_each_assignment(tmp_path, bench, monkeypatch)
 
 def test_a_finished_run_is_freed(tmp_path, bench, monkeypatch):
     """No reference cycle keeps a measured Run (and its model) alive into the next row."""
-    import mwm.train
+    import mwm.train.loop
 
     refs = []
-    real_init = mwm.train.Run.__init__
+    real_init = mwm.train.loop.Run.__init__
 
     def init(self, *a, **k):
         real_init(self, *a, **k)
@@ -98,7 +98,7 @@ def test_a_finished_run_is_freed(tmp_path, bench, monkeypatch):
 
     import torch._dynamo  # noqa: F401 - imported lazily by the first optimizer, whose frames its import keeps
 
-    monkeypatch.setattr(mwm.train.Run, "__init__", init)
+    monkeypatch.setattr(mwm.train.loop.Run, "__init__", init)
     monkeypatch.setattr(bench, "_free", lambda: None)  # its gc.collect() would hide a cycle
     gc.disable()  # freed by reference counting alone, not by a later collection
     try:

@@ -130,9 +130,9 @@ def test_auto_and_cpu_resolve_on_any_machine():
 
 
 def test_schema_vocabularies_come_from_mwm_names():
-    """``$vocab: NAME`` in a schema file becomes the enum of ``mwm.names.NAME``: the retraction and
+    """``$vocab: NAME`` in a schema file becomes the enum of ``mwm.config.names.NAME``: the retraction and
     study-manifold names are spelled once, and a bad value is refused naming the key."""
-    from mwm.names import RETRACTIONS, STUDY_MANIFOLDS
+    from mwm.config.names import RETRACTIONS, STUDY_MANIFOLDS
 
     assert config.schema_node("train.dgram_retraction")["enum"] == list(RETRACTIONS)
     assert config.schema_node("studies.alpha.manifolds")["items"]["enum"] == list(STUDY_MANIFOLDS)
@@ -144,14 +144,15 @@ def test_schema_vocabularies_come_from_mwm_names():
 
 
 def test_a_schema_vocab_that_mwm_names_lacks_is_refused():
-    with pytest.raises(ConfigError, match=r"schema train.yaml: \$vocab 'NOPE' is not a vocabulary of mwm.names"):
+    with pytest.raises(ConfigError, match=r"schema train.yaml: \$vocab 'NOPE' is not a vocabulary of mwm.config.names"):
         config._vocab({"x": {"$vocab": "NOPE"}}, "train.yaml")
     assert config._vocab({"a": [{"$vocab": "RETRACTIONS", "default": "paper"}]}, "t") == {
         "a": [{"default": "paper", "enum": ["paper", "colnorm"]}]}
 
 
 def test_a_schema_default_comes_from_mwm_names_once():
-    from mwm import msign, names
+    from mwm.optim import msign
+    from mwm.config import names
 
     assert config.defaults("train")["msign_steps"] == names.MSIGN_STEPS == msign.DEFAULT_STEPS
     assert config._vocab({"s": {"type": "integer", "$default": "MSIGN_STEPS"}}, "t") == {

@@ -1,6 +1,6 @@
 import torch
 
-from mwm.diagnostics import softmax_jacobian_fro
+from mwm.train.diagnostics import softmax_jacobian_fro
 
 
 def test_jacobian_norm_matches_explicit_matrix_including_saturated_rows():

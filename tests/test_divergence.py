@@ -13,12 +13,12 @@ import pytest
 import torch
 
 import fakedata
-from mwm.assignments import build_optimizers
-from mwm.manifolds import get_manifold
-from mwm.model import GPT, GPTConfig
-from mwm.solvers import SolverSettings
-from mwm.optim import ManifoldMuon
-from mwm.train import main
+from mwm.optim.assignments import build_optimizers
+from mwm.optim.manifolds import get_manifold
+from mwm.train.model import GPT, GPTConfig
+from mwm.optim.solvers import SolverSettings
+from mwm.optim.muon import ManifoldMuon
+from mwm.train.loop import main
 
 BIG = 1e20  # finite, but its squares overflow float32: a Gram matrix of it is Inf
 
@@ -72,7 +72,7 @@ def test_dgram_retraction_refuses_a_non_finite_gram_before_eigh(retraction):
         mf.retract(W)
     with pytest.raises(FloatingPointError, match="Gram"):
         mf.retract(torch.randn(16, 8, dtype=torch.float64) * 1e160)  # its Gram overflows even float64
-    # a float32 weight whose Gram overflows float32 is retracted in float64 (mwm.manifolds): finite
+    # a float32 weight whose Gram overflows float32 is retracted in float64 (mwm.optim.manifolds): finite
     assert torch.isfinite(mf.retract(torch.randn(16, 8) * BIG)).all()
 
 
@@ -104,7 +104,7 @@ def test_adamw_weights_and_gradients_are_checked(assignment):
 def test_planted_overflow_ends_the_run_unstable_at_that_step(tmp_path, monkeypatch, fake_data, assignment):
     """Whatever the site, the run is a completed job: unstable, onset at the planted step,
     pairs file 'not captured' with its reason, every other output present."""
-    import mwm.train as T
+    import mwm.train.loop as T
 
     orig = T.Run.train_step
 

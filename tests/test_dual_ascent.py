@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from mwm.dual_ascent import dual_ascent, manifold_muon_update
-from mwm.manifolds import get_manifold
-from mwm.msign import choose_order
+from mwm.optim.dual_ascent import dual_ascent, manifold_muon_update
+from mwm.optim.manifolds import get_manifold
+from mwm.optim.msign import choose_order
 
 
 def pair(m, n, name="stiefel", batch=(), seed=0):
@@ -168,7 +168,7 @@ def test_tensor_alpha_batch_mismatch_is_named():
 def test_a_gram_solve_that_blows_up_is_done_again_in_the_direct_order(monkeypatch):
     # a momentum almost entirely normal to the Stiefel tangent space (what a tall MLP matrix met in training):
     # M_0 is its tiny tangent part, and the Gram order's expansion of M^T M cancels in float32
-    import mwm.dual_ascent as D
+    import mwm.optim.dual_ascent as D
 
     g = torch.Generator().manual_seed(0)
     W = get_manifold("stiefel").init(torch.randn(2, 256, 64, generator=g))

@@ -1,14 +1,14 @@
-"""DVC over the Snakemake workflow (dvc.yaml written from each config by `python -m mwm.dvcgen`).
+"""DVC over the Snakemake workflow (dvc.yaml written from each config by `python -m mwm.workflow.dvc`).
 
 Everything runs offline in a temporary copy of the repository (tracked files plus
 untracked, non-ignored ones) with a temporary DVC remote. The committed layout (the
 default config in the root dvc.yaml, the others in pipelines/<name>/dvc.yaml) is checked
 with dry runs; one real run is shared by the module (fixture ``ws``), on the CI config made
-the root pipeline (``python -m mwm.dvcgen --default config/ci.yaml``), so that a bare
+the root pipeline (``python -m mwm.workflow.dvc --default config/ci.yaml``), so that a bare
 ``dvc repro`` is exercised at CI cost:
 
     dvc repro  ->  dvc push  ->  delete results/, data/, paper_figures/ (but what git tracks),
-    the DVC cache and .snakemake/  ->  python -m mwm.dvcgen sync (dvc pull + snakemake --touch)
+    the DVC cache and .snakemake/  ->  python -m mwm.workflow.dvc sync (dvc pull + snakemake --touch)
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ def ws(tmp_path_factory):
     copy_repo(root)
     env = make_env(root)
     init_workspace(root, env)
-    run([sys.executable, "-m", "mwm.dvcgen", "--default", CI], root, env, timeout=300)
+    run([sys.executable, "-m", "mwm.workflow.dvc", "--default", CI], root, env, timeout=300)
     stages = ci_stages(root)
     assert stages, "dvc.yaml has no stage for the CI config"
     assert not (root / "pipelines" / "ci" / "dvc.yaml").exists() and (root / "pipelines" / "default" / "dvc.yaml").is_file()
@@ -172,7 +172,7 @@ def ws(tmp_path_factory):
     shutil.rmtree(root / ".snakemake")
     assert not any((root / f).exists() for f in files)
 
-    synced = run([sys.executable, "-m", "mwm.dvcgen", "sync", "--config", CI], root, env, timeout=600)
+    synced = run([sys.executable, "-m", "mwm.workflow.dvc", "sync", "--config", CI], root, env, timeout=600)
     return {"root": root, "env": env, "stages": stages, "files": files, "before": before, "sync": synced}
 
 
@@ -180,13 +180,13 @@ def ws(tmp_path_factory):
 
 
 def test_committed_pipelines_are_what_the_configs_give():
-    from mwm import dvcgen
+    from mwm.workflow import dvc as dvcgen
 
     cwd = os.getcwd()
     os.chdir(REPO)
     try:
         texts = dvcgen.pipelines(dvcgen.all_configs())
-        assert dvcgen.check(texts) == 0, "a pipeline file is stale: run  python -m mwm.dvcgen"
+        assert dvcgen.check(texts) == 0, "a pipeline file is stale: run  python -m mwm.workflow.dvc"
     finally:
         os.chdir(cwd)
     assert Path("dvc.yaml") in texts and Path("pipelines/ci/dvc.yaml") in texts
@@ -198,7 +198,7 @@ def test_committed_pipelines_are_what_the_configs_give():
 
 
 def test_check_fails_on_drift_and_on_a_pipeline_without_config(tmp_path, monkeypatch, capsys):
-    from mwm import dvcgen
+    from mwm.workflow import dvc as dvcgen
 
     monkeypatch.chdir(REPO)
     texts = dvcgen.pipelines(dvcgen.all_configs())
@@ -219,7 +219,7 @@ def test_check_fails_on_drift_and_on_a_pipeline_without_config(tmp_path, monkeyp
 def test_each_stage_tracks_its_folder_with_its_params_and_code():
     """Stages by kind: each tracks one folder; runs and studies carry the numerics version and no
     code, data and figures their entry point's code; a shared dataset belongs to one pipeline."""
-    from mwm import dvcgen
+    from mwm.workflow import dvc as dvcgen
 
     cwd = os.getcwd()
     os.chdir(REPO)
@@ -252,7 +252,7 @@ def test_each_stage_tracks_its_folder_with_its_params_and_code():
 def test_code_deps_cover_every_module_the_entry_point_imports():
     """Read independently of the generator: every package module a data or figures stage's tracked
     code imports (inside functions too) lies under one of the stage's code deps."""
-    from mwm import dvcgen
+    from mwm.workflow import dvc as dvcgen
 
     pkg = REPO / "src" / "mwm"
     cwd = os.getcwd()
@@ -348,7 +348,7 @@ def test_snakemake_has_nothing_to_do_after_sync(ws):
             os.utime(root / f)
     assert "Nothing to be done" not in run(dry, root, env).stdout
     # ... is what sync's touch step repairs
-    run([sys.executable, "-m", "mwm.dvcgen", "sync", "--no-pull", "--config", CI], root, env)
+    run([sys.executable, "-m", "mwm.workflow.dvc", "sync", "--no-pull", "--config", CI], root, env)
     assert "Nothing to be done" in run(dry, root, env).stdout
 
 
@@ -480,7 +480,7 @@ def test_a_refactor_reruns_no_training_or_study_in_either_tool(ws):
     """An edit of the optimizer's code that moves no number (here a comment) leaves the train and study
     stages up to date in DVC and gives Snakemake nothing to do."""
     root, env, stages = ws["root"], ws["env"], ws["stages"]
-    path = root / "src" / "mwm" / "optim.py"
+    path = root / "src" / "mwm" / "optim" / "muon.py"
     old = path.read_text()
     path.write_text(old + "\n# a refactor that moves no number\n")
     try:
@@ -496,7 +496,7 @@ def _change_plotting_parameter(root: Path, report: dict) -> tuple[Path, str] | N
     """Change a plotting parameter of the report stage: a key of a config section it reads
     (params), else the figures' resolution in the report's style module (code deps)."""
     for section in [s for p in report.get("params", []) for s in p.get(CI, [])]:
-        schema = yaml.safe_load((root / "src" / "mwm" / "schema" / f"{section}.yaml").read_text())
+        schema = yaml.safe_load((root / "src" / "mwm" / "config" / "schema" / f"{section}.yaml").read_text())
         raw = yaml.safe_load((root / CI).read_text()).get(section) or {}
         for key, spec in schema.get("properties", {}).items():
             value = raw.get(key, spec.get("default"))
@@ -564,7 +564,7 @@ def test_snakemake_html_report_from_the_ci_run(ws):
 def test_sync_says_first_that_the_remote_folder_or_the_lock_file_is_missing(tmp_path, monkeypatch, capsys):
     """`dvc pull` with the default remote's folder missing and no dvc.lock prints "Everything
     is up to date" and then one "checkout failed" per path; sync says why before pulling."""
-    from mwm import dvcgen
+    from mwm.workflow import dvc as dvcgen
 
     env = dict(os.environ)
     repo = tmp_path / "repo"
@@ -619,6 +619,6 @@ def test_a_data_folder_linked_out_of_the_repository_is_refused_before_dvc_delete
     assert "outside the repository" in out and "nothing was deleted" in out, out[-3000:]
     assert {f: (root / f).stat().st_mtime_ns for f in data_files} == before
 
-    synced = run([sys.executable, "-m", "mwm.dvcgen", "sync", "--config", CI], root, env, check=False)
+    synced = run([sys.executable, "-m", "mwm.workflow.dvc", "sync", "--config", CI], root, env, check=False)
     assert synced.returncode == 1 and "outside the repository" in synced.stderr, synced.stderr[-2000:]
     assert "nothing pulled" in synced.stderr

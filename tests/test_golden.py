@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from mwm import golden
+from mwm.optim import golden
 from mwm.numerics import VERSION
 
 
@@ -14,7 +14,7 @@ def outputs():
 
 def test_this_code_reproduces_the_golden_file_of_its_numerics_version(outputs):
     path = golden.golden_path()
-    assert path.is_file(), f"no golden file for numerics version {VERSION}: python -m mwm.golden --write"
+    assert path.is_file(), f"no golden file for numerics version {VERSION}: python -m mwm.optim.golden --write"
     assert golden.compare(outputs, golden.load(path)) == []
 
 
@@ -25,7 +25,7 @@ def test_every_case_is_stored_small_and_finite(outputs):
 
 
 def test_a_changed_coefficient_moves_the_cases_that_use_it_and_names_them(outputs, monkeypatch):
-    from mwm import msign
+    from mwm.optim import msign
 
     real = msign.coefficients
 
@@ -40,7 +40,7 @@ def test_a_changed_coefficient_moves_the_cases_that_use_it_and_names_them(output
 
 
 def test_a_changed_dual_ascent_step_size_is_caught(outputs, monkeypatch):
-    from mwm import dual_ascent
+    from mwm.optim import dual_ascent
 
     real = dual_ascent.dual_ascent
     monkeypatch.setattr(dual_ascent, "dual_ascent", lambda W, G, manifold="stiefel", **kw:

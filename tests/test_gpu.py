@@ -20,7 +20,7 @@ import torch
 
 import fakedata
 from mwm.config import load_config
-from mwm.train import EXIT_PREEMPTED, Run, main
+from mwm.train.loop import EXIT_PREEMPTED, Run, main
 
 DEVICE = os.environ.get("MWM_TEST_DEVICE", "cuda")
 ON_GPU = DEVICE.startswith("cuda")
@@ -141,7 +141,7 @@ def test_native_bfloat16_msign_against_the_emulation():
     """The released msign in real bfloat16 on the device against msign_bf16's float32
     emulation on the CPU, on the same inputs: the same iteration up to accumulation
     order, so close to each other and equally close to the exact polar factor."""
-    from mwm.msign import msign_bf16, polar_exact
+    from mwm.optim.msign import msign_bf16, polar_exact
 
     g = torch.Generator().manual_seed(0)
     for shape in [(4, 256, 64), (2, 768, 768), (1, 3072, 768)]:

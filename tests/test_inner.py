@@ -1,10 +1,10 @@
-"""mwm.inner: what the inner solvers share (checks, start multiplier, tolerance, result)."""
+"""mwm.optim.inner: what the inner solvers share (checks, start multiplier, tolerance, result)."""
 
 import pytest
 import torch
 
-from mwm.inner import Tolerance, check_inputs, check_iterations, result, start_multiplier, tall_pair
-from mwm.manifolds import get_manifold
+from mwm.optim.inner import Tolerance, check_inputs, check_iterations, result, start_multiplier, tall_pair
+from mwm.optim.manifolds import get_manifold
 
 
 def test_checks_name_what_is_wrong():
@@ -65,9 +65,9 @@ def test_result_turns_directions_back_to_the_callers_orientation():
 
 def test_a_solver_called_without_settings_uses_the_schemas_defaults():
     from mwm.config import defaults
-    from mwm.dual_ascent import dual_ascent
-    from mwm.inner import or_default
-    from mwm.solvers import admm
+    from mwm.optim.dual_ascent import dual_ascent
+    from mwm.optim.inner import or_default
+    from mwm.optim.solvers import admm
 
     train = defaults("train")
     assert or_default(None, "dual_ascent_alpha") == train["dual_ascent_alpha"] and or_default(0.3, "dual_ascent_alpha") == 0.3

@@ -96,7 +96,7 @@ def test_written_files_honour_the_umask(tmp_path, fake_data, mask, mode):
 
 
 def test_summary_is_strict_json_with_reasons(tmp_path, fake_data):
-    from mwm.train import Run
+    from mwm.train.loop import Run
 
     cfg = load_config(fakedata.write_config(tmp_path / "tiny.yaml"))
     run = Run(cfg, "none", 0, "paper", tmp_path / "out")

@@ -1,4 +1,4 @@
-"""mwm.launch: N DDP ranks of one run (the rank count a config asks for, the threads split across
+"""mwm.train.launch: N DDP ranks of one run (the rank count a config asks for, the threads split across
 ranks, the exit status the ranks agree on). The real torchrun path runs in test_train.py and through
 Snakemake in test_workflow_runs.py; here torchrun is replaced by a stand-in process."""
 
@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-import mwm.launch as launch_mod
+import mwm.train.launch as launch_mod
 from mwm.config import ConfigError
-from mwm.launch import LAUNCH_DIR_ENV, launch, main, ranks_per_run, worker_exit
+from mwm.train.launch import LAUNCH_DIR_ENV, launch, main, ranks_per_run, worker_exit
 
 
 def wf(gpu=0, ranks=None, accum=4):
@@ -75,7 +75,7 @@ def test_threads_are_split_across_ranks(monkeypatch):
 
 
 def test_a_rank_records_its_pid_and_status_where_the_launcher_reads(tmp_path):
-    code = ("import sys; from mwm.launch import worker_started, worker_exit; "
+    code = ("import sys; from mwm.train.launch import worker_started, worker_exit; "
             "worker_started(); sys.exit(worker_exit(75))")
     env = dict(os.environ, **{LAUNCH_DIR_ENV: str(tmp_path), "RANK": "1"})
     proc = subprocess.run([sys.executable, "-c", code], env=env, timeout=60)

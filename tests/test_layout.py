@@ -1,11 +1,11 @@
-"""mwm.layout: GPT-2's parameter layout without torch, against the model it describes."""
+"""mwm.config.layout: GPT-2's parameter layout without torch, against the model it describes."""
 
 import pytest
 
-from mwm.assignments import module_kind
-from mwm.layout import SIZES, check_dims, hidden_matrix_names, hidden_matrix_shapes, match_patterns, model_shape
-from mwm.names import ATTN_KEYS, ATTN_MATRICES, MLP_KEYS, MLP_MATRICES
-from mwm.model import GPT, GPTConfig
+from mwm.optim.assignments import module_kind
+from mwm.config.layout import SIZES, check_dims, hidden_matrix_names, hidden_matrix_shapes, match_patterns, model_shape
+from mwm.config.names import ATTN_KEYS, ATTN_MATRICES, MLP_KEYS, MLP_MATRICES
+from mwm.train.model import GPT, GPTConfig
 
 
 @pytest.mark.parametrize("n_layer", [1, 3])

@@ -1,4 +1,4 @@
-"""mwm.live: TensorBoard and DVCLive curves of a run (workflow.loggers) hold the values of its CSVs,
+"""mwm.train.live: TensorBoard and DVCLive curves of a run (workflow.loggers) hold the values of its CSVs,
 and a run resumed after a crash shows each step once."""
 
 import csv
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from mwm.train import Run, main
+from mwm.train.loop import Run, main
 
 pytest.importorskip("tensorboard")
 pytest.importorskip("dvclive")

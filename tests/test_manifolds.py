@@ -3,7 +3,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from mwm.manifolds import MANIFOLDS, cap_column_norms, get_manifold, retract_dgram_svd
+from mwm.optim.manifolds import MANIFOLDS, cap_column_norms, get_manifold, retract_dgram_svd
 
 SHAPES = [(48, 16), (32, 32), (16, 48), (3, 40, 12)]
 

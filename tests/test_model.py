@@ -1,9 +1,9 @@
-"""mwm.model: GPT-2 in nanoGPT's layout."""
+"""mwm.train.model: GPT-2 in nanoGPT's layout."""
 
 import pytest
 import torch
 
-from mwm.model import GPT, GPT2_SMALL_PARAMS, GPTConfig
+from mwm.train.model import GPT, GPT2_SMALL_PARAMS, GPTConfig
 
 
 def tiny(**kw):

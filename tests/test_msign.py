@@ -2,7 +2,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from mwm.msign import coefficients, msign, polar_exact, polar_express_gram, frobenius_scale, POLAR_EXPRESS_COEFFS
+from mwm.optim.msign import coefficients, msign, polar_exact, polar_express_gram, frobenius_scale, POLAR_EXPRESS_COEFFS
 
 
 def test_coefficients_safety_factor_on_all_but_last():
@@ -96,7 +96,7 @@ def test_default_msign_is_bounded_on_nearly_low_rank_input():
 
 # --- bfloat16 precision (the released numerics) -------------------------------------------
 
-from mwm.msign import check_precision, msign_bf16, round_bf16  # noqa: E402
+from mwm.optim.msign import check_precision, msign_bf16, round_bf16  # noqa: E402
 
 
 def _bf16_rel(A, B):
@@ -160,10 +160,10 @@ def test_bf16_msign_of_zero_is_zero_as_released():
 
 
 def test_bf16_precision_threads_through_dual_ascent_retraction_and_optimizer():
-    from mwm.dual_ascent import dual_ascent, manifold_muon_update
-    from mwm.manifolds import get_manifold, rms
-    from mwm.optim import ManifoldMuon
-    from mwm.solvers import SolverSettings
+    from mwm.optim.dual_ascent import dual_ascent, manifold_muon_update
+    from mwm.optim.manifolds import get_manifold, rms
+    from mwm.optim.muon import ManifoldMuon
+    from mwm.optim.solvers import SolverSettings
 
     g = torch.Generator().manual_seed(7)
     W = polar_exact(torch.randn(3, 96, 32, generator=g))

@@ -1,4 +1,4 @@
-"""mwm.names: the torch-free vocabulary (assignments, variants) the workflow reads."""
+"""mwm.config.names: the torch-free vocabulary (assignments, variants) the workflow reads."""
 
 import os
 import subprocess
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from mwm import names
-from mwm.names import (COLNORM_SUFFIX, NAMED_ASSIGNMENTS, PAPER_ASSIGNMENTS, STUDY_MANIFOLDS, assignment_pair,
+from mwm.config import names
+from mwm.config.names import (COLNORM_SUFFIX, NAMED_ASSIGNMENTS, PAPER_ASSIGNMENTS, STUDY_MANIFOLDS, assignment_pair,
                        parse_variant, uses_dgram, variant_name)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,16 +18,16 @@ PARSE_TIME = """
 import sys
 from mwm.config import PLANNED_ENV, ConfigError, exponent_floats, load_config, planned_stamp, validate
 from mwm.data import DataError, TokenDataset, dataset_dir
-from mwm.dvcgen import PERSISTENT, folders
-from mwm.launch import ranks_per_run
-from mwm.names import UNCONSTRAINED
+from mwm.workflow.dvc import PERSISTENT, folders
+from mwm.train.launch import ranks_per_run
+from mwm.config.names import UNCONSTRAINED
 from mwm.numerics import VERSION
-from mwm.paths import checkout_relative, first_on_pythonpath, inside, leads_out
-from mwm.runs import RUN_FILES, check_grid, expected_identity, grid_variants, identity_problem, run_config
+from mwm.workflow.paths import checkout_relative, first_on_pythonpath, inside, leads_out
+from mwm.workflow.runs import RUN_FILES, check_grid, expected_identity, grid_variants, identity_problem, run_config
 from mwm.setaside import foreign_problem, foreign_root, next_marker, retrain_markers
-from mwm.site import site_resources
-from mwm.checks import check_config, check_splits
-from mwm.owner import check_owner, claim
+from mwm.workflow.site import site_resources
+from mwm.config.checks import check_config, check_splits
+from mwm.workflow.owner import check_owner, claim
 cfg = load_config("config/ci.yaml")
 check_grid(cfg["grid"])
 ranks_per_run(cfg)
@@ -52,11 +52,14 @@ print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
 
 def test_snakefile_parse_imports_no_torch():
     common = (ROOT / "rules" / "common.smk").read_text()
-    imported = {line.split()[1] for line in common.splitlines() if line.startswith("from mwm")}
-    imported |= {f"mwm.{line.split()[3]}" for line in common.splitlines() if line.startswith("from mwm import")}
-    imported.discard("mwm")
-    assert imported == {"mwm.checks", "mwm.config", "mwm.data", "mwm.dvcgen", "mwm.launch", "mwm.names", "mwm.numerics", "mwm.owner",
-                        "mwm.paths", "mwm.runs", "mwm.setaside", "mwm.site", "mwm.stages"}, \
+    imported = set()
+    for line in common.splitlines():
+        if line.startswith("from mwm"):  # `from mwm.pkg import module` names the module
+            pkg, name = line.split()[1], line.split()[3].rstrip(",")
+            module = ROOT / "src" / pkg.replace(".", "/") / f"{name}.py"
+            imported.add(f"{pkg}.{name}" if module.is_file() else pkg)
+    assert imported == {"mwm.config.checks", "mwm.config", "mwm.data", "mwm.workflow.dvc", "mwm.train.launch", "mwm.config.names", "mwm.numerics", "mwm.workflow.owner",
+                        "mwm.workflow.paths", "mwm.workflow.runs", "mwm.setaside", "mwm.workflow.site", "mwm.workflow.stages"}, \
         "rules/common.smk imports changed: update PARSE_TIME in this test"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.run([sys.executable, "-c", PARSE_TIME], cwd=ROOT, env=env, capture_output=True, text=True,

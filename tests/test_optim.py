@@ -4,14 +4,14 @@ import pytest
 import torch
 from torch import nn
 
-from mwm.assignments import OptimizerSettings, build_optimizers
-from mwm.dual_ascent import manifold_muon_update
-from mwm.manifolds import get_manifold
-from mwm.msign import msign
-from mwm.names import NAMED_ASSIGNMENTS
-from mwm import optim as optim_mod
-from mwm.optim import ManifoldMuon
-from mwm.solvers import SolverSettings
+from mwm.optim.assignments import OptimizerSettings, build_optimizers
+from mwm.optim.dual_ascent import manifold_muon_update
+from mwm.optim.manifolds import get_manifold
+from mwm.optim.msign import msign
+from mwm.config.names import NAMED_ASSIGNMENTS
+from mwm.optim import muon as optim_mod
+from mwm.optim.muon import ManifoldMuon
+from mwm.optim.solvers import SolverSettings
 
 
 class Block(nn.Module):

@@ -1,4 +1,4 @@
-"""mwm.owner: a config name's results belong to one config file.
+"""mwm.workflow.owner: a config name's results belong to one config file.
 
 A config/mine.yaml copied from ci.yaml with one learning rate changed and `name: ci` kept is
 refused, rather than planning its jobs into results/runs/ci and paper_figures/ci."""
@@ -11,7 +11,7 @@ import re
 import pytest
 
 from mwm.config import load_config
-from mwm.owner import OWNER_FILE, TAKE_OVER_ENV, OwnerError, check_owner, claim, owner_path
+from mwm.workflow.owner import OWNER_FILE, TAKE_OVER_ENV, OwnerError, check_owner, claim, owner_path
 from fakedata import HAS_SNAKEMAKE, repo_copy, snakemake_in
 
 
@@ -52,7 +52,7 @@ def test_same_file_edited_is_a_config_change_another_file_is_refused(tiny_config
 
 
 def test_hand_run_of_a_copied_config_is_refused_before_writing(tiny_config, fake_data, tmp_path, monkeypatch, capsys):
-    from mwm.train import main
+    from mwm.train.loop import main
 
     monkeypatch.delenv(TAKE_OVER_ENV, raising=False)
     over = dict(train__max_iters=2, train__lr_decay_iters=2, train__eval_interval=2)

@@ -1,12 +1,12 @@
-"""mwm.quality: the inner solve's alignment and violation beside a converged solve of the same pair."""
+"""mwm.optim.quality: the inner solve's alignment and violation beside a converged solve of the same pair."""
 
 import pytest
 import torch
 
-from mwm.manifolds import get_manifold
-from mwm.optim import ManifoldMuon
-from mwm.quality import quality_rows, reference_settings, solve_quality
-from mwm.solvers import SolverSettings, solve
+from mwm.optim.manifolds import get_manifold
+from mwm.optim.muon import ManifoldMuon
+from mwm.optim.quality import quality_rows, reference_settings, solve_quality
+from mwm.optim.solvers import SolverSettings, solve
 
 
 def pair(m, n, manifold, scale=1.0, seed=0):

@@ -23,8 +23,8 @@ import pytest
 import torch
 
 import reference as ref
-from mwm.optim import ManifoldMuon
-from mwm.solvers import SolverSettings
+from mwm.optim.muon import ManifoldMuon
+from mwm.optim.solvers import SolverSettings
 
 #: max relative Frobenius distance, per matrix, between optimizer and reference (see above)
 TOL = 1e-4

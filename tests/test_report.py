@@ -11,10 +11,10 @@ import fakedata
 from mwm.config import load_config
 from mwm.report.__main__ import build, main
 from mwm import paper
-from mwm.names import PAPER_ASSIGNMENTS
+from mwm.config.names import PAPER_ASSIGNMENTS
 from mwm.report.ledger import VERDICTS
 from mwm.report.load import ReportError
-from mwm.train import train
+from mwm.train.loop import train
 
 STUDIES = {
     "threads": 1,
@@ -41,9 +41,9 @@ def results(tmp_path_factory):
     path.write_text(yaml.safe_dump(cfg_dict))
     cfg = load_config(path)
     mp = pytest.MonkeyPatch()
-    mp.setattr("mwm.train.resolve_data", lambda c: fakedata.FakeData())
-    from mwm.names import parse_variant
-    from mwm.runs import grid_variants
+    mp.setattr("mwm.train.loop.resolve_data", lambda c: fakedata.FakeData())
+    from mwm.config.names import parse_variant
+    from mwm.workflow.runs import grid_variants
 
     for v in grid_variants(cfg["grid"]):
         a, r = parse_variant(v)

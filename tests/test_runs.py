@@ -1,4 +1,4 @@
-"""mwm.runs: a run's identity, and how a summary is compared with the config's own run."""
+"""mwm.workflow.runs: a run's identity, and how a summary is compared with the config's own run."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from mwm.config import config_hash, load_config
-from mwm.runs import config_run_identity, expected_identity, identity_diff, identity_problem
+from mwm.workflow.runs import config_run_identity, expected_identity, identity_diff, identity_problem
 
 
 def _cfg(tiny_config, **over):
@@ -154,7 +154,7 @@ def test_snakemake_retrains_a_finished_run_that_is_not_the_configs(tmp_path):
 
 
 def test_capture_window_names_the_grid_runs_the_solver_study_reads(tiny_config):
-    from mwm.runs import capture_window
+    from mwm.workflow.runs import capture_window
 
     cfg = load_config(tiny_config(grid__assignments=["none", "stiefel", "dgram"],
                                   grid__seeds=[0, 1]))
@@ -186,9 +186,9 @@ def test_a_new_train_key_without_default_leaves_finished_runs_their_own():
     import yaml
 
     from mwm.config import load_config
-    from mwm.runs import config_run_identity, identity_problem
+    from mwm.workflow.runs import config_run_identity, identity_problem
 
-    schema = yaml.safe_load((Path(__file__).resolve().parents[1] / "src" / "mwm" / "schema" / "train.yaml")
+    schema = yaml.safe_load((Path(__file__).resolve().parents[1] / "src" / "mwm" / "config" / "schema" / "train.yaml")
                             .read_text())["properties"]
     defaulted = {k for k, spec in schema.items() if "default" in spec or "$default" in spec}
     assert defaulted == DEFAULTED_TRAIN_KEYS, (

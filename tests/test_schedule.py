@@ -1,11 +1,11 @@
-"""mwm.schedule: the released code's learning-rate schedule (nanoGPT's warmup and cosine decay),
+"""mwm.train.schedule: the released code's learning-rate schedule (nanoGPT's warmup and cosine decay),
 with the Muon rate proportional to the AdamW one."""
 
 import math
 
 import pytest
 
-from mwm.schedule import adamw_lr, learning_rates, muon_lr, muon_lr_series
+from mwm.train.schedule import adamw_lr, learning_rates, muon_lr, muon_lr_series
 
 TRAIN = {"learning_rate": 6e-4, "min_lr": 6e-5, "warmup_iters": 10, "lr_decay_iters": 100, "max_iters": 120,
          "muon_lr": 0.02}

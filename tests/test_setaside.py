@@ -14,9 +14,9 @@ import pytest
 
 from mwm.config import ConfigError, config_hash, load_config
 from mwm.io import atomic_write_json
-from mwm.lock import LOCK_NAME, RunLock, RunLocked
-from mwm.paths import UnsafePathError
-from mwm.runs import checkpoint_dir, expected_identity, run_dir
+from mwm.workflow.lock import LOCK_NAME, RunLock, RunLocked
+from mwm.workflow.paths import UnsafePathError
+from mwm.workflow.runs import checkpoint_dir, expected_identity, run_dir
 from mwm.setaside import (RECORD_FILE, foreign_problem, foreign_root, next_marker, retrain_dir, retrain_markers,
                           set_aside)
 

@@ -1,10 +1,10 @@
-"""mwm.site: SLURM site settings per kind of job, from the environment, refused when a value could
+"""mwm.workflow.site: SLURM site settings per kind of job, from the environment, refused when a value could
 be read as shell."""
 
 import pytest
 
 from mwm.config import ConfigError
-from mwm.site import site_resources
+from mwm.workflow.site import site_resources
 
 
 def test_gpu_and_cpu_jobs_take_their_own_settings_and_share_the_plain_ones():

@@ -7,11 +7,11 @@ import torch
 from torch import nn
 
 import fakedata
-from mwm.assignments import OptimizerSettings, build_optimizers
-from mwm.dual_ascent import MixedProjector, dual_ascent
-from mwm.manifolds import get_manifold
-from mwm.optim import ManifoldMuon, _split_by_work
-from mwm.solvers import SolverSettings, admm, clip_spectral, scaled_solve, solve, solve_scale
+from mwm.optim.assignments import OptimizerSettings, build_optimizers
+from mwm.optim.dual_ascent import MixedProjector, dual_ascent
+from mwm.optim.manifolds import get_manifold
+from mwm.optim.muon import ManifoldMuon, _split_by_work
+from mwm.optim.solvers import SolverSettings, admm, clip_spectral, scaled_solve, solve, solve_scale
 from test_optim import Tiny, loss_of, train
 
 
@@ -204,8 +204,8 @@ def test_bad_solver_settings_are_named():
 
 def test_settings_come_from_the_train_section_and_the_schema_holds_the_defaults():
     from mwm.config import defaults
-    from mwm.names import SOLVERS
-    from mwm.solvers import _SOLVE
+    from mwm.config.names import SOLVERS
+    from mwm.optim.solvers import _SOLVE
 
     s = SolverSettings.defaults()
     assert (s.solver, s.alpha, s.steps, s.tol, s.warm_start) == ("dual_ascent", 0.1, 20, None, False)  # the paper's
@@ -230,7 +230,7 @@ def test_capture_sequence_and_solver_study(fake_data, tmp_path):
                                  "studies.solvers.tols=[0.001]", "studies.solvers.admm_steps=[3]",
                                  "studies.solvers.admm_rho=[1.0]", "studies.device=cpu", "studies.solvers.normalized=true"])
     derived = run_solvers(cfg, tmp_path / "study", log=lambda *a: None)
-    from mwm.stages import STAGES
+    from mwm.workflow.stages import STAGES
 
     # the manifest's files, besides the folder of its own capture trainings
     assert sorted(p.name for p in (tmp_path / "study").iterdir()) == sorted([*STAGES["solvers"].outputs, "_train"])
@@ -351,9 +351,9 @@ def test_grid_runs_capture_the_window_and_the_study_reads_them_without_training(
     import json
 
     from mwm.config import config_hash, load_config
-    from mwm.runs import config_run_identity, run_dir
+    from mwm.workflow.runs import config_run_identity, run_dir
     from mwm.studies.solvers import run_solvers
-    from mwm.train import train
+    from mwm.train.loop import train
 
     small = ["studies.solvers.source=grid", "studies.solvers.capture_start=2", "studies.solvers.capture_length=3",
              "studies.solvers.reference_iterations=10", "studies.solvers.baseline_steps=5",

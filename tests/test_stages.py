@@ -1,4 +1,4 @@
-"""mwm.stages: the stage manifest the rules, the report, mwm.dvcgen and the HTML report's categories read."""
+"""mwm.workflow.stages: the stage manifest the rules, the report, mwm.workflow.dvc and the HTML report's categories read."""
 
 import re
 import subprocess
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from mwm import stages
-from mwm.stages import STAGES, STUDIES, report_category, rule_file_sections, study_files
+from mwm.workflow import stages
+from mwm.workflow.stages import STAGES, STUDIES, report_category, rule_file_sections, study_files
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,7 +37,7 @@ def test_writers_name_their_files_by_key_and_an_unknown_key_is_an_error():
         assert mod.FILES is STAGES[name]
         text = Path(mod.__file__).read_text()
         spelled = [f for f in STAGES[name].outputs if f'"{f}"' in text]
-        assert not spelled, f"{mod.__name__} spells {spelled}: name them by key (mwm.stages)"
+        assert not spelled, f"{mod.__name__} spells {spelled}: name them by key (mwm.workflow.stages)"
     assert STAGES["absorption"].file("pairs") == "absorption_pairs.csv"
     with pytest.raises(KeyError, match="no output 'nope'"):
         STAGES["alpha"].file("nope")
@@ -68,7 +68,7 @@ def test_rule_files_share_names_through_common_smk_only():
 
 
 def test_torch_free():
-    proc = subprocess.run([sys.executable, "-c", "import sys, mwm.stages; print('torch' in sys.modules)"],
+    proc = subprocess.run([sys.executable, "-c", "import sys, mwm.workflow.stages; print('torch' in sys.modules)"],
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert proc.stdout.strip() == "False", proc.stderr
     assert stages.__all__

@@ -1,4 +1,4 @@
-"""python -m mwm.status: one table of every run of a config, from the run folders only."""
+"""python -m mwm.workflow.status: one table of every run of a config, from the run folders only."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mwm import status
+from mwm.workflow import status
 from mwm.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -118,7 +118,7 @@ def test_a_real_run_logs_progress_and_reads_completed(tiny_config, fake_data, tm
     """The training log shows step, loss, lr, ms/step and ETA every log_interval steps, and the
     status table reads the finished run folder."""
     import fakedata
-    from mwm.train import train
+    from mwm.train.loop import train
 
     path = tiny_config(train__max_iters=8, train__log_interval=4)
     cfg = load_config(str(path))
@@ -136,7 +136,7 @@ def test_a_real_run_logs_progress_and_reads_completed(tiny_config, fake_data, tm
 # -- runs that are not the config's own --------------------------------------------------------
 def test_a_run_that_is_not_the_configs_own_is_flagged_naming_the_keys(cfg, tmp_path, capsys, monkeypatch):
     from mwm.config import config_hash
-    from mwm.runs import expected_identity
+    from mwm.workflow.runs import expected_identity
 
     cfg, path = cfg
     res = tmp_path / "results"
@@ -156,7 +156,7 @@ def test_a_run_that_is_not_the_configs_own_is_flagged_naming_the_keys(cfg, tmp_p
 
 def test_a_run_of_other_numerics_is_flagged_naming_both_versions(cfg, tmp_path):
     from mwm.numerics import VERSION
-    from mwm.runs import expected_identity
+    from mwm.workflow.runs import expected_identity
 
     cfg, _ = cfg
     res = tmp_path / "results"
@@ -266,6 +266,6 @@ def test_no_results_folder_is_said_and_a_closed_pipe_ends_quietly(cfg, tmp_path,
     raw["grid"]["seeds"] = list(range(400))
     path.write_text(yaml.safe_dump(raw))
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
-    proc = subprocess.run(f"{sys.executable} -m mwm.status --config {path} --results {tmp_path} | head -1",
+    proc = subprocess.run(f"{sys.executable} -m mwm.workflow.status --config {path} --results {tmp_path} | head -1",
                           shell=True, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert proc.stdout.startswith("config st") and proc.stderr == "", proc.stderr[-2000:]

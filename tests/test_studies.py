@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from mwm.config import ConfigError, load_config, validate
-from mwm.dual_ascent import dual_ascent
-from mwm.stages import STAGES
+from mwm.optim.dual_ascent import dual_ascent
+from mwm.workflow.stages import STAGES
 from mwm.studies import absorption, alpha
 from mwm.studies.common import random_pairs, read_csv, variant_manifold, write_csv, write_json
 

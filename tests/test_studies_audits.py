@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from mwm.config import validate
-from mwm.schedule import muon_lr_series
-from mwm.stages import STAGES
+from mwm.train.schedule import muon_lr_series
+from mwm.workflow.stages import STAGES
 from mwm.studies import audits
 from mwm.studies.common import read_csv, write_csv
 
@@ -193,7 +193,7 @@ def test_msign_calls_are_counted_while_a_step_runs():
     # dual ascent: one msign per iteration; the Stiefel retraction one more; DGram retracts by eigh or SVD
     assert out["by_iterations"]["5"] == {"stiefel": 6, "dgram": 5, "stiefel_over_muon": 6.0, "dgram_over_muon": 5.0}
     assert out["by_iterations"]["20"]["stiefel"] == 21
-    import mwm.dual_ascent
-    import mwm.msign
+    import mwm.optim.dual_ascent
+    import mwm.optim.msign
 
-    assert mwm.dual_ascent.msign is mwm.msign.msign  # the counter is gone afterwards
+    assert mwm.optim.dual_ascent.msign is mwm.optim.msign.msign  # the counter is gone afterwards

@@ -1,4 +1,4 @@
-"""mwm.syncs: the counter counts what it says, and a training step's host reads do not
+"""mwm.train.syncs: the counter counts what it says, and a training step's host reads do not
 grow with the number of matrices or micro-batches (on a GPU each one is a sync)."""
 
 import types
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from mwm.config import load_config
-from mwm.syncs import SyncCounter
-from mwm.train import Run
+from mwm.train.syncs import SyncCounter
+from mwm.train.loop import Run
 
 
 def _reads(x):

@@ -11,7 +11,7 @@ import torch
 
 import fakedata
 from mwm.config import ConfigError, load_config
-from mwm.train import EXIT_PREEMPTED, DivergenceMonitor, Run, main
+from mwm.train.loop import EXIT_PREEMPTED, DivergenceMonitor, Run, main
 import pickle
 
 LOSS_COLS = ("step", "train_loss", "lr", "muon_lr")
@@ -252,7 +252,7 @@ def test_model_and_optimizers_are_built_on_the_cpu_then_moved(tmp_path, monkeypa
     seen = []
     svd = torch.linalg.svd
     monkeypatch.setattr(torch.linalg, "svd", lambda A, *a, **k: seen.append(A.device.type) or svd(A, *a, **k))
-    monkeypatch.setattr("mwm.train.resolve_train_device", lambda tc, world: torch.device("meta"))
+    monkeypatch.setattr("mwm.train.loop.resolve_train_device", lambda tc, world: torch.device("meta"))
     run = _tiny_run(tmp_path, assignment="stiefel")
     assert seen and set(seen) == {"cpu"}
     params = {id(p) for p in run.model.parameters()}
@@ -264,7 +264,7 @@ def test_model_and_optimizers_are_built_on_the_cpu_then_moved(tmp_path, monkeypa
 @pytest.mark.slow
 def test_summary_records_the_run_identity_it_hashes(tmp_path):
     from mwm.config import config_hash
-    from mwm.runs import expected_identity
+    from mwm.workflow.runs import expected_identity
 
     rc, d = run_inprocess(tmp_path, assignment="hetero")
     assert rc == 0
@@ -277,7 +277,7 @@ def test_summary_records_the_run_identity_it_hashes(tmp_path):
 def test_hand_run_with_overrides_never_lands_in_the_config_folder(tmp_path, monkeypatch, capsys):
     """A hand run with an override went into results/runs/<name>/ and replaced the config's run."""
     from mwm.config import config_hash
-    from mwm.runs import HAND_FOLDER, RESULTS_ROOT
+    from mwm.workflow.runs import HAND_FOLDER, RESULTS_ROOT
 
     monkeypatch.chdir(tmp_path)
     cfg = fakedata.write_config(tmp_path / "tiny.yaml", train__max_iters=4, train__lr_decay_iters=4)
@@ -301,7 +301,7 @@ def test_config_errors_fail_before_any_data_is_read(tmp_path, monkeypatch, capsy
     def no_data(cfg):
         raise AssertionError("the data was read before the config was checked")
 
-    monkeypatch.setattr("mwm.train.resolve_data", no_data)
+    monkeypatch.setattr("mwm.train.loop.resolve_data", no_data)
     rc, d = run_inprocess(tmp_path, model__n_embd=15, model__n_head=2)
     assert rc == 2 and "n_embd=15 is not divisible by n_head=2" in capsys.readouterr().err and not d.exists()
     rc, d = run_inprocess(tmp_path, assignment="mine", grid__custom={"mine": {"*.attn.q_proj.*": "stiefel"}},
@@ -344,7 +344,7 @@ def test_bad_seed_and_output_roots_are_refused_before_the_run(tmp_path, monkeypa
     """`--seed 99999999999999999999` died with "Overflow when unpacking long long"; `--out /`
     (as root) made /runs and /checkpoints; `--out /proc` was a traceback."""
     started = []
-    monkeypatch.setattr("mwm.train.train", lambda *a, **k: started.append(a) or 0)
+    monkeypatch.setattr("mwm.train.loop.train", lambda *a, **k: started.append(a) or 0)
     cfg = fakedata.write_config(tmp_path / "tiny.yaml")
     argv = ["--config", str(cfg), "--assignment", "none", "--seed", "0", "--out", str(tmp_path / "o"), *args]
     try:
@@ -409,7 +409,7 @@ def test_planted_pickle_checkpoint_is_refused_and_runs_no_code(tmp_path, fake_da
 
 
 def test_real_checkpoints_load_as_weights_only(tmp_path, fake_data):
-    from mwm.train import Run
+    from mwm.train.loop import Run
 
     cfg = load_config(fakedata.write_config(tmp_path / "tiny.yaml"))
     run = Run(cfg, "hetero", 0, "paper", tmp_path / "out")
@@ -424,7 +424,7 @@ def test_stale_logs_without_header_start_the_run_afresh(tmp_path, fake_data):
     """A checkpoint whose logs do not reach it (here: metrics.csv without its header, in the
     run folder and beside the checkpoint, as after two processes wrote one run folder) starts
     the run afresh: the stale logs and checkpoint go, the run completes as a fresh one would."""
-    from mwm.train import Run
+    from mwm.train.loop import Run
 
     cfg = load_config(fakedata.write_config(tmp_path / "tiny.yaml"))
     run = Run(cfg, "none", 0, "paper", tmp_path / "out")
@@ -450,7 +450,7 @@ def test_stale_logs_without_header_start_the_run_afresh(tmp_path, fake_data):
 @pytest.mark.parametrize("args,needle", [(["--seed", "-1"], "--seed"), (["--threads", "-1"], "--threads"),
                                          (["--threads", "0"], "--threads")])
 def test_negative_seed_and_threads_are_refused(tmp_path, fake_data, capsys, args, needle):
-    from mwm.train import main
+    from mwm.train.loop import main
 
     cfg = fakedata.write_config(tmp_path / "tiny.yaml")
     argv = ["--config", str(cfg), "--assignment", "none", "--seed", "0", "--out", str(tmp_path / "o")] + args
@@ -468,7 +468,7 @@ def test_colnorm_of_an_assignment_without_dgram_is_refused(tmp_path, fake_data, 
 
 @pytest.mark.slow
 def test_sigint_checkpoints_like_sigterm(tmp_path):
-    from mwm.train import EXIT_PREEMPTED
+    from mwm.train.loop import EXIT_PREEMPTED
 
     cfg = fakedata.write_config(tmp_path / "tiny.yaml", train__max_iters=5000, train__lr_decay_iters=5000,
                                 train__eval_interval=5000, train__checkpoint_interval=5000)
@@ -505,8 +505,8 @@ def test_a_hand_run_is_checked_against_what_it_runs_not_the_grid_s_capture_windo
 
 @pytest.mark.parametrize("drop", ["opt_shares", "config_hash", "step", "sampler", "muon", "a model weight"])
 def test_a_checkpoint_short_of_a_key_is_a_one_line_error_naming_it(tmp_path, fake_data, capsys, monkeypatch, drop):
-    from mwm.runs import RunFolder
-    from mwm.train import Run
+    from mwm.workflow.runs import RunFolder
+    from mwm.train.loop import Run
 
     cfg = load_config(fakedata.write_config(tmp_path / "tiny.yaml"))
     run = Run(cfg, "none", 0, "paper", tmp_path / "out")
@@ -533,12 +533,12 @@ def test_a_checkpoint_short_of_a_key_is_a_one_line_error_naming_it(tmp_path, fak
 
 def test_a_results_folder_that_cannot_be_written_is_a_one_line_error(tmp_path, fake_data, capsys, monkeypatch):
     """Root writes into read-only folders, so the OS's refusal is planted where the run takes its lock."""
-    import mwm.lock
+    import mwm.workflow.lock
 
     def refuse(self, folder, *a, **k):
         raise PermissionError(13, "Permission denied", str(folder))
 
-    monkeypatch.setattr(mwm.lock.RunLock, "__init__", refuse)
+    monkeypatch.setattr(mwm.workflow.lock.RunLock, "__init__", refuse)
     rc, d = fakedata.run_main(tmp_path)
     err = capsys.readouterr().err
     assert rc == 1 and err.count("\n") == 1, err
@@ -546,7 +546,7 @@ def test_a_results_folder_that_cannot_be_written_is_a_one_line_error(tmp_path, f
 
 
 def test_grad_accum_that_the_ranks_cannot_share_is_refused_before_training(tmp_path, capsys):
-    from mwm.launch import accum_per_rank
+    from mwm.train.launch import accum_per_rank
 
     assert accum_per_rank({"grad_accum": 8}, 4) == 2 and accum_per_rank({"grad_accum": 3}, 1) == 3
     cfg = load_config(fakedata.write_config(tmp_path / "tiny.yaml", train__grad_accum=3))
@@ -556,7 +556,7 @@ def test_grad_accum_that_the_ranks_cannot_share_is_refused_before_training(tmp_p
 
 
 def test_a_multi_rank_run_from_before_the_split_batch_is_not_the_config_s():
-    from mwm.runs import identity_problem
+    from mwm.workflow.runs import identity_problem
 
     from mwm.numerics import VERSION
 
@@ -581,7 +581,7 @@ def test_a_run_gives_back_the_signal_handlers_it_replaced(tmp_path):
 
 
 def test_a_gpu_without_native_bfloat16_is_refused_naming_the_keys():
-    from mwm.train import check_bfloat16
+    from mwm.train.loop import check_bfloat16
 
     dev = torch.device("cuda", 0)
     with pytest.raises(ConfigError, match=r"train.dtype=bfloat16, train.msign_precision=bfloat16: cuda:0 .* no native"):
@@ -595,7 +595,7 @@ def test_a_gpu_without_native_bfloat16_is_refused_naming_the_keys():
 def test_tf32_goes_through_the_current_api_without_a_deprecation_warning():
     import warnings
 
-    from mwm.train import set_matmul_precision
+    from mwm.train.loop import set_matmul_precision
 
     matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
     if not hasattr(matmul, "fp32_precision"):

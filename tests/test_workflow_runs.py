@@ -23,7 +23,7 @@ import shlex
 import shutil
 from fakedata import HAS_SNAKEMAKE, repo_copy, snakemake_in
 from mwm.config import load_config
-from mwm.paths import CONFIG_ENV
+from mwm.workflow.paths import CONFIG_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -357,7 +357,7 @@ def test_tiny_sweep_config_runs_end_to_end(tmp_path):
     # unstable (its AdamW rates scaled far past stability) and the capped intervention beside All DGram
     import pandas as pd
 
-    from mwm.sweep import sweep_variants
+    from mwm.workflow.variants import sweep_variants
 
     cfg = load_config(ROOT / "config" / "ci-sweep.yaml")
     res = snakemake(tmp_path, ROOT / "config" / "ci-sweep.yaml", "all")

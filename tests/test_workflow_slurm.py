@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from mwm.config import load_config
-from mwm.names import uses_dgram
-from mwm.runs import grid_variants
+from mwm.config.names import uses_dgram
+from mwm.workflow.runs import grid_variants
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = ROOT / "config" / "paper.yaml"

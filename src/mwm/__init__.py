@@ -1,13 +1,13 @@
 """mwm: rebuild and audit of module-wise Manifold Muon (Stiefel / DGram on GPT-2).
 
-Modules, one idea each:
+Rooms (docs/package.md lists every module and its idea):
 
-- :mod:`mwm.msign`        matrix sign (Polar Express) and the exact polar factor
-- :mod:`mwm.manifolds`    Stiefel, DGram, Oblique: projector, retraction, init, diagnostics
-- :mod:`mwm.dual_ascent`  Bernstein's dual ascent inner solver and ``manifold_muon_update``
-- :mod:`mwm.optim`        the batched Muon / Manifold Muon optimizer
-- :mod:`mwm.names`        the vocabulary (torch-free): assignment names and manifolds, variant names
-- :mod:`mwm.assignments`  named and pattern assignments, AdamW/Muon split
+- :mod:`mwm.optim`     the optimizer's math: msign, manifolds, inner solvers, Manifold Muon
+- :mod:`mwm.train`     one training run (``python -m mwm.train``)
+- :mod:`mwm.config`    a config, its schema and what it alone tells
+- :mod:`mwm.workflow`  the workflow's bookkeeping: runs, variants, locks, stages, DVC, status
+- :mod:`mwm.data`, :mod:`mwm.studies`, :mod:`mwm.report`, :mod:`mwm.setaside`: the other stages
+- :mod:`mwm.paper`, :mod:`mwm.numerics`, :mod:`mwm.io`, :mod:`mwm.errors`: shared facts and writers
 """
 
 __version__ = "0.1.0"

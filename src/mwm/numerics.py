@@ -2,12 +2,12 @@
 
 A change of code that moves any training or study number (a *numerics change*) bumps
 :data:`VERSION`; a refactor that moves none does not. ``tests/test_golden.py`` holds the line
-between the two: it fails when a golden output (:mod:`mwm.golden`) moves beyond float rounding
+between the two: it fails when a golden output (:mod:`mwm.optim.golden`) moves beyond float rounding
 while :data:`VERSION` stays.
 
-The version is part of every run's identity (:func:`mwm.runs.run_identity`), so a run made by
+The version is part of every run's identity (:func:`mwm.workflow.runs.run_identity`), so a run made by
 another version is not its config's run: Snakemake sets it aside and retrains it
-(:mod:`mwm.setaside`), ``mwm.status`` flags it and the report refuses it, each with
+(:mod:`mwm.setaside`), ``mwm.workflow.status`` flags it and the report refuses it, each with
 :func:`version_problem`'s line. Studies record it in their derived JSON, and the train and study
 rules (and DVC stages) carry it as a parameter, so a bump reruns them in both tools.
 

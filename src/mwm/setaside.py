@@ -3,7 +3,7 @@
     python -m mwm.setaside --config C --variant V --seed S --marker results/runs/<name>/.retrain/V/seedS/<n>.json
 
 A run folder ``results/runs/<name>/<variant>/seed<S>/`` whose ``summary.json`` records an
-identity that is not the config's (:func:`mwm.runs.identity_problem`: e.g. written by an older
+identity that is not the config's (:func:`mwm.workflow.runs.identity_problem`: e.g. written by an older
 ``python -m mwm.train ... train.learning_rate=0.02 --out results``) holds every file the train
 rule declares, newer than its inputs, so Snakemake saw nothing to do. The workflow
 (``rules/common.smk``) gives the train job of such a run one more input, a marker that rule
@@ -31,9 +31,9 @@ import sys
 import time
 from pathlib import Path
 
-from .config import ConfigError
-from .paths import inside
-from .runs import (HAND_FOLDER, RESULTS_ROOT, checkpoint_dir, expected_identity, grid_variants, identity_problem,
+from mwm.config import ConfigError
+from mwm.workflow.paths import inside
+from mwm.workflow.runs import (HAND_FOLDER, RESULTS_ROOT, checkpoint_dir, expected_identity, grid_variants, identity_problem,
                    run_dir)
 
 __all__ = ["RETRAIN_FOLDER", "FOREIGN_FOLDER", "SET_ASIDE_RULE", "RECORD_FILE", "retrain_dir", "retrain_markers",
@@ -127,9 +127,9 @@ def set_aside(cfg: dict, config_file: str, variant: str, seed: int, marker: str 
     own (:func:`foreign_problem`), with its checkpoint folder, and write ``marker`` (one of the
     run's markers, :func:`retrain_dir`). Returns the record written (``moved_to`` None: nothing
     was set aside, e.g. a retry after the move). ConfigError for a variant or seed that is not
-    the config's or a marker elsewhere; :class:`mwm.lock.RunLocked` while a process writes the run."""
-    from .io import atomic_write_json
-    from .lock import LOCK_NAME, RunLock
+    the config's or a marker elsewhere; :class:`mwm.workflow.lock.RunLocked` while a process writes the run."""
+    from mwm.io import atomic_write_json
+    from mwm.workflow.lock import LOCK_NAME, RunLock
 
     name = cfg["name"]
     if variant not in grid_variants(cfg["grid"]) or seed not in cfg["grid"]["seeds"]:
@@ -184,8 +184,8 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"the marker to write: <root>/runs/<name>/{RETRAIN_FOLDER}/<variant>/seed<seed>/<n>.json")
     ap.add_argument("--root", default=RESULTS_ROOT, help="results root (default: %(default)s, the workflow's)")
     args = ap.parse_args(argv)
-    from .config import load_config
-    from .lock import RunLocked
+    from mwm.config import load_config
+    from mwm.workflow.lock import RunLocked
 
     try:
         record = set_aside(load_config(args.config), args.config, args.variant, args.seed, args.marker, args.root)

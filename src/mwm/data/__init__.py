@@ -18,9 +18,9 @@ Python: ``prepare_dataset(section, out)`` (:func:`mwm.data.prepare.prepare`); co
 ``python -m mwm.data --help``.
 """
 
-from .errors import DataError, TokenizerError
-from .prepare import prepare as prepare_dataset
-from .reader import TokenDataset
-from .spec import dataset_dir, normalize
+from mwm.data.errors import DataError, TokenizerError
+from mwm.data.prepare import prepare as prepare_dataset
+from mwm.data.reader import TokenDataset
+from mwm.data.spec import dataset_dir, normalize
 
 __all__ = ["DataError", "TokenizerError", "TokenDataset", "dataset_dir", "normalize", "prepare_dataset"]

@@ -8,8 +8,8 @@ import json
 import os
 import sys
 
-from ..config import ConfigError, apply_overrides, load_config
-from .errors import DataError
+from mwm.config import ConfigError, apply_overrides, load_config
+from mwm.data.errors import DataError
 
 _FLAGS = [  # (flag, data key, argparse kwargs)
     ("--corpus", "corpus", dict(choices=["shakespeare", "openwebtext", "text"])),
@@ -37,7 +37,7 @@ def _section_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE", help="a config YAML; its data section is used")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override, e.g. data.vocab_size=2048 (repeatable; value parsed as YAML)")
-    g = p.add_argument_group("data section keys (override the config; see mwm/schema/data.yaml)")
+    g = p.add_argument_group("data section keys (override the config; see mwm/config/schema/data.yaml)")
     for flag, key, kw in _FLAGS:
         g.add_argument(flag, dest=key, default=None, **kw)
 
@@ -65,14 +65,14 @@ def _section(args) -> dict:
 
 
 def _cmd_prepare(args) -> int:
-    from .prepare import prepare
-    from .reader import TokenDataset
+    from mwm.data.prepare import prepare
+    from mwm.data.reader import TokenDataset
 
     out = prepare(_section(args), args.out, force=args.force)
     ds = TokenDataset(out)
     print(out)
     if args.config:  # a split too short for the config's model fails here, before any training
-        from .splits import check_splits
+        from mwm.data.splits import check_splits
 
         check_splits(load_config(args.config, args.overrides), ds.meta, str(ds.folder / "meta.json"),
                      source=args.config)
@@ -82,14 +82,14 @@ def _cmd_prepare(args) -> int:
 
 
 def _cmd_dir(args) -> int:
-    from .spec import dataset_dir
+    from mwm.data.spec import dataset_dir
 
     print(dataset_dir(_section(args)))
     return 0
 
 
 def _cmd_provision(args) -> int:
-    from . import tokenizer
+    from mwm.data import tokenizer
 
     if args.check:
         status = tokenizer.provision_status()
@@ -107,7 +107,7 @@ def _cmd_provision(args) -> int:
 
 
 def _cmd_info(args) -> int:
-    from .reader import TokenDataset
+    from mwm.data.reader import TokenDataset
 
     ds = TokenDataset(args.folder)
     if args.verify:

@@ -14,8 +14,8 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from . import workers
-from .tokenizer import EOT, get_encoding
+from mwm.data import workers
+from mwm.data.tokenizer import EOT, get_encoding
 
 __all__ = ["encode_unit", "encode_units", "DTYPE"]
 

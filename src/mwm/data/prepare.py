@@ -30,15 +30,15 @@ from typing import Callable
 
 import numpy as np
 
-from .. import __version__
-from ..config import config_hash
-from . import vocab as vocab_mod
-from .corpora import UNIT_CHARS, Source, make_source
-from .encode import DTYPE, encode_units
-from .errors import DataError
-from .reader import FORMAT, FORMAT_VERSION, SPLITS, meta_digest, sha256_file
-from .spec import content, dataset_dir, normalize
-from .tokenizer import tokenizer_info
+from mwm import __version__
+from mwm.config import config_hash
+from mwm.data import vocab as vocab_mod
+from mwm.data.corpora import UNIT_CHARS, Source, make_source
+from mwm.data.encode import DTYPE, encode_units
+from mwm.data.errors import DataError
+from mwm.data.reader import FORMAT, FORMAT_VERSION, SPLITS, meta_digest, sha256_file
+from mwm.data.spec import content, dataset_dir, normalize
+from mwm.data.tokenizer import tokenizer_info
 
 __all__ = ["prepare", "check_out_dir", "remove_stale_work"]
 
@@ -59,7 +59,7 @@ def _usable_cpus() -> int:
 
 
 def _work_prefix() -> str:
-    from ..lock import _proc_start
+    from mwm.workflow.lock import _proc_start
 
     pid = os.getpid()
     return f"{WORK_PREFIX}{socket.gethostname()}-{pid}-{_proc_start(pid) or 0}-"
@@ -80,7 +80,7 @@ def remove_stale_work(out: Path, log: Callable[[str], None]) -> list[Path]:
     """Remove the temporary folders in ``out`` of ``prepare`` processes of this host that
     are gone (killed: nothing removed them); returns them. Folders of live processes,
     of other hosts and of an unknown name layout are kept (the last two named)."""
-    from ..lock import _alive, _proc_start
+    from mwm.workflow.lock import _alive, _proc_start
 
     host, removed = socket.gethostname(), []
     for d in sorted(out.glob(f"{WORK_PREFIX}*")):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import DataError
+from mwm.data.errors import DataError
 
 __all__ = ["TokenDataset", "FORMAT", "FORMAT_VERSION", "SPLITS", "sha256_file", "meta_digest", "VERIFIED_NAME"]
 
@@ -55,7 +55,7 @@ def _cross_check(path: Path, meta: dict) -> None:
             raise DataError(f"{path}: {key} is {meta.get(key)!r}, but its tokenizer and remap give {want}; "
                             f"the file was edited or damaged: prepare the data again")
     if "data" in meta and "data_hash" in meta:
-        from ..config import config_hash
+        from mwm.config import config_hash
 
         if config_hash(meta["data"]) != meta["data_hash"]:
             raise DataError(f"{path}: data_hash does not match its data section (the file was edited)")
@@ -190,7 +190,7 @@ class TokenDataset:
         return hashlib.sha256((self.folder / "meta.json").read_bytes()).hexdigest()
 
     def _write_verdict(self, splits: dict) -> None:
-        from ..io import atomic_write_json
+        from mwm.io import atomic_write_json
 
         try:
             atomic_write_json(self.folder / VERIFIED_NAME, {"meta": self._verdict_key(), "splits": splits})

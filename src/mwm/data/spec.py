@@ -1,6 +1,6 @@
 """The config's ``data`` section: defaults, the keys that shape the tokens, the folder.
 
-A section is validated against ``mwm/schema/data.yaml`` through
+A section is validated against ``mwm/config/schema/data.yaml`` through
 :func:`mwm.config.validate` (defaults filled, unknown keys refused). Only the keys
 that change the bytes of the bins (:func:`content`) enter ``meta.json`` and the
 folder name; ``num_proc`` does not.
@@ -13,8 +13,8 @@ import functools
 import json
 from pathlib import Path
 
-from ..config import config_hash, validate
-from .errors import DataError
+from mwm.config import config_hash, validate
+from mwm.data.errors import DataError
 
 __all__ = ["normalize", "content", "defaults", "dataset_dir", "DATA_ROOT"]
 
@@ -91,6 +91,6 @@ def dataset_dir(data_section: dict | None, root: str | Path = DATA_ROOT) -> Path
     own = {k: sec[k] for k in _PER_CORPUS[sec["corpus"]]}
     if sec["corpus"] == "text" or any(own[k] != dflt[k] for k in own):
         parts.append(config_hash(own)[:12])
-    from ..paths import inside
+    from mwm.workflow.paths import inside
 
     return inside(root, "-".join(parts), what="data folder")

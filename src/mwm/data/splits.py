@@ -1,11 +1,11 @@
-"""Whether a prepared dataset's splits are long enough for a config's model (see :mod:`mwm.checks`).
+"""Whether a prepared dataset's splits are long enough for a config's model (see :mod:`mwm.config.checks`).
 
 Torch-free and apart from the training code, so the data stage (``mwm.data prepare --config``)
 can check its own output without depending on it."""
 
 from __future__ import annotations
 
-from ..config import ConfigError
+from mwm.config import ConfigError
 
 __all__ = ["check_splits", "min_split_tokens"]
 

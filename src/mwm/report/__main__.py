@@ -16,18 +16,18 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..config import ConfigError, load_config
-from ..errors import write_failure
-from ..owner import check_owner
-from ..paths import inside
-from ..runs import check_grid
-from .ledger import build_ledger, build_mechanism_ledger, build_sweep_ledger, write_ledger
-from .load import ReportError, load_runs
-from .mechanism import mechanism_report
-from .solver_training import solver_training_report
-from .sweep import sweep_report
-from .studies import SOLVER_STUDY_FILES, load_studies, solver_study_report, studies_report
-from .training import training_report
+from mwm.config import ConfigError, load_config
+from mwm.errors import write_failure
+from mwm.workflow.owner import check_owner
+from mwm.workflow.paths import inside
+from mwm.workflow.runs import check_grid
+from mwm.report.ledger import build_ledger, build_mechanism_ledger, build_sweep_ledger, write_ledger
+from mwm.report.load import ReportError, load_runs
+from mwm.report.mechanism import mechanism_report
+from mwm.report.solver_training import solver_training_report
+from mwm.report.sweep import sweep_report
+from mwm.report.studies import SOLVER_STUDY_FILES, load_studies, solver_study_report, studies_report
+from mwm.report.training import training_report
 
 
 def build(cfg: dict, results: Path, out: Path) -> Path:

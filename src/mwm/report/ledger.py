@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .. import paper
-from ..io import atomic_write_text
-from ..names import ATTN_MATRICES, MLP_MATRICES
-from .tables import fmt
+from mwm import paper
+from mwm.io import atomic_write_text
+from mwm.config.names import ATTN_MATRICES, MLP_MATRICES
+from mwm.report.tables import fmt
 
 __all__ = ["build_ledger", "build_sweep_ledger", "build_mechanism_ledger", "build_values_ledger", "write_ledger", "is_paper_scale", "capabilities", "VERDICTS"]
 
@@ -336,7 +336,7 @@ def _att_end(runs, v, col):
 
 
 def _training_entries(L: _Ledger, results: pd.DataFrame, runs, cfg: dict) -> None:
-    from .training import growth_bound  # matplotlib-heavy module: imported where needed
+    from mwm.report.training import growth_bound  # matplotlib-heavy module: imported where needed
 
     res = results.set_index("variant")
     nseeds = len(cfg["grid"]["seeds"])
@@ -569,7 +569,7 @@ def build_values_ledger(cfg: dict, values: dict, what: str) -> pd.DataFrame:
 def build_sweep_ledger(cfg: dict, res: pd.DataFrame) -> pd.DataFrame:
     """The ledger of a learning-rate sweep (``workflow.report: sweep``): its ``sweep.*`` rows from the
     sweep's runs (:func:`mwm.report.sweep.sweep_ledger_values`)."""
-    from .sweep import sweep_ledger_values
+    from mwm.report.sweep import sweep_ledger_values
 
     return build_values_ledger(cfg, sweep_ledger_values(cfg, res), "sweep runs")
 
@@ -577,7 +577,7 @@ def build_sweep_ledger(cfg: dict, res: pd.DataFrame) -> pd.DataFrame:
 def build_mechanism_ledger(cfg: dict, res: pd.DataFrame) -> pd.DataFrame:
     """The ledger of the mechanism experiment (``workflow.report: mechanism``): its ``mech.*`` rows
     (:func:`mwm.report.mechanism.mechanism_ledger_values`)."""
-    from .mechanism import mechanism_ledger_values
+    from mwm.report.mechanism import mechanism_ledger_values
 
     return build_values_ledger(cfg, mechanism_ledger_values(cfg, res), "mechanism runs")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..runs import RUN_FILES, expected_identity, grid_variants, identity_problem, run_dir
+from mwm.workflow.runs import RUN_FILES, expected_identity, grid_variants, identity_problem, run_dir
 
 __all__ = ["ReportError", "RunData", "load_runs", "spectra_steps", "load_spectrum"]
 

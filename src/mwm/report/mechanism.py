@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .. import paper
-from ..runs import run_config
-from ..sweep import intervention_keys, intervention_label, rate_label, sweep_points, sweep_variant
-from .tables import write_table
+from mwm import paper
+from mwm.workflow.runs import run_config
+from mwm.workflow.variants import intervention_keys, intervention_label, rate_label, sweep_points, sweep_variant
+from mwm.report.tables import write_table
 
 __all__ = ["KINDS", "intervention_kind", "mechanism_results", "contrasts", "mechanism_ledger_values",
            "mechanism_report"]
@@ -112,7 +112,7 @@ def mechanism_ledger_values(cfg: dict, res: pd.DataFrame) -> dict:
     """The rebuilt value of each ``mech.*`` claim: ``{id: (x, rebuilt, reason)}``. Nothing here chooses a
     verdict; :func:`mwm.paper.judge` does, the same way for every row (``mech.cause`` reads the three
     contrasts' verdicts under their own rules)."""
-    from .ledger import capabilities
+    from mwm.report.ledger import capabilities
 
     out = {}
     top = float(res.rate.max())
@@ -142,7 +142,7 @@ def mechanism_ledger_values(cfg: dict, res: pd.DataFrame) -> dict:
 
 # -------------------------------------------------------------------------------------------- tables, figures
 def mechanism_tables(cfg: dict, res: pd.DataFrame, out: Path) -> None:
-    from ..io import atomic_write_text
+    from mwm.io import atomic_write_text
 
     atomic_write_text(out / "mechanism_runs.csv", res.to_csv(index=False))
     rows = []
@@ -175,7 +175,7 @@ def mechanism_tables(cfg: dict, res: pd.DataFrame, out: Path) -> None:
 def fig_mechanism_loss(cfg: dict, res: pd.DataFrame, out: Path) -> None:
     import matplotlib.pyplot as plt
 
-    from . import style
+    from mwm.report import style
 
     rates = sorted(res.rate.unique())
     arms = list(dict.fromkeys(res.arm))
@@ -221,9 +221,9 @@ def _chain_cases(cfg: dict, res: pd.DataFrame) -> list[tuple[str, float, int, bo
 def fig_mechanism_chain(cfg: dict, res: pd.DataFrame, runs, out: Path) -> None:
     import matplotlib.pyplot as plt
 
-    from . import style
-    from .sweep import chain_series
-    from .training import growth_bound
+    from mwm.report import style
+    from mwm.report.sweep import chain_series
+    from mwm.report.training import growth_bound
 
     cases = _chain_cases(cfg, res)
     panels = (("sigma", r"attention $\sigma_{\max}$"), ("logit_range_max", "max logit range"),
@@ -270,8 +270,8 @@ def fig_mechanism_chain(cfg: dict, res: pd.DataFrame, runs, out: Path) -> None:
 
 def mechanism_report(cfg: dict, runs, out: Path) -> pd.DataFrame:
     """Every product of the mechanism report in ``out``; returns the per-run results."""
-    from . import style
-    from .quality import fig_solver_quality, solver_quality
+    from mwm.report import style
+    from mwm.report.quality import fig_solver_quality, solver_quality
 
     style.apply()
     out.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""The inner solve's quality along training (``solver.csv``, :mod:`mwm.quality`), against the weight scale.
+"""The inner solve's quality along training (``solver.csv``, :mod:`mwm.optim.quality`), against the weight scale.
 
 ``solver_quality(runs)`` gathers every run's rows with its variant; ``fig_solver_quality`` draws, per
 module (attention, MLP) and assignment, the median update alignment and the median alignment a converged
@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import style
+from mwm.report import style
 
 __all__ = ["solver_quality", "quality_bins", "fig_solver_quality"]
 

@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import style
-from .tables import write_table
+from mwm.report import style
+from mwm.report.tables import write_table
 
 __all__ = ["MIN_SEEDS", "verdict", "solver_training_report"]
 

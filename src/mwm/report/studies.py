@@ -10,15 +10,15 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from .. import paper
-from ..stages import study_files
-from . import style
-from .load import ReportError
-from .tables import write_table
+from mwm import paper
+from mwm.workflow.stages import study_files
+from mwm.report import style
+from mwm.report.load import ReportError
+from mwm.report.tables import write_table
 
 __all__ = ["load_studies", "studies_report", "solver_study_report", "STUDY_FILES", "SOLVER_STUDY_FILES"]
 
-#: The study files the report loads (mwm.stages: each study's ``report_reads``).
+#: The study files the report loads (mwm.workflow.stages: each study's ``report_reads``).
 STUDY_FILES = study_files(("alpha", "absorption", "audits"), reads=True)
 #: The solver study's files: drawn when present (the DAG's report rule requires them).
 SOLVER_STUDY_FILES = study_files(("solvers",), reads=True)
@@ -45,7 +45,7 @@ def load_studies(folder: str | Path, required: tuple[str, ...] = STUDY_FILES) ->
 
 def _check_numerics(path: Path, derived: dict) -> None:
     """A study made with other numerics than this code's is refused, naming both versions."""
-    from ..numerics import VERSION
+    from mwm.numerics import VERSION
 
     got = (derived.get("meta") or {}).get("numerics") if isinstance(derived, dict) else None
     if got != VERSION:

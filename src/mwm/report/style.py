@@ -9,8 +9,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from ..io import atomic_write  # noqa: E402
-from ..names import is_colnorm, parse_variant  # noqa: E402
+from mwm.io import atomic_write  # noqa: E402
+from mwm.config.names import is_colnorm, parse_variant  # noqa: E402
 
 #: Column width of a two-column paper, inches.
 COLUMN = 3.4

@@ -1,4 +1,4 @@
-"""The learning-rate sweep's report (``workflow.report: sweep``, :mod:`mwm.sweep`).
+"""The learning-rate sweep's report (``workflow.report: sweep``, :mod:`mwm.workflow.variants`).
 
 Compute first, then draw: :func:`sweep_results` turns the runs into one row per run,
 :func:`summarize` into one row per (assignment, rate), :func:`stability` into each
@@ -27,11 +27,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .. import paper
-from ..names import ATTN_MATRICES, PAPER_ASSIGNMENTS
-from ..runs import run_config
-from ..sweep import intervention_keys, intervention_label, rate_label, sweep_points, sweep_variant
-from .tables import fmt, write_table
+from mwm import paper
+from mwm.config.names import ATTN_MATRICES, PAPER_ASSIGNMENTS
+from mwm.workflow.runs import run_config
+from mwm.workflow.variants import intervention_keys, intervention_label, rate_label, sweep_points, sweep_variant
+from mwm.report.tables import fmt, write_table
 
 __all__ = ["STABLE", "sweep_results", "summarize", "Stability", "stability", "chain_series", "sweep_report"]
 
@@ -185,7 +185,7 @@ def _edge_text(s: Stability) -> str:
 
 # -------------------------------------------------------------------------------------------- tables, figures
 def sweep_tables(cfg: dict, res: pd.DataFrame, out: Path) -> None:
-    from ..io import atomic_write_text
+    from mwm.io import atomic_write_text
 
     atomic_write_text(out / "sweep_runs.csv", res.to_csv(index=False))
     summary = summarize(res)
@@ -222,7 +222,7 @@ def sweep_tables(cfg: dict, res: pd.DataFrame, out: Path) -> None:
 def fig_sweep_lr(cfg: dict, res: pd.DataFrame, out: Path) -> None:
     import matplotlib.pyplot as plt
 
-    from . import style
+    from mwm.report import style
 
     summary = summarize(res)
     shared = float(cfg["train"]["muon_lr"])
@@ -265,8 +265,8 @@ def fig_sweep_edge(cfg: dict, res: pd.DataFrame, runs, out: Path) -> None:
     its onset (its first unstable seed), beside the capped candidate and All Stiefel at that rate."""
     import matplotlib.pyplot as plt
 
-    from . import style
-    from .training import growth_bound
+    from mwm.report import style
+    from mwm.report.training import growth_bound
 
     st = stability(summarize(res))
     cases = [(a, st[a]) for a in paper.DGRAM_ATTENTION if a in st and st[a].first_unstable is not None]
@@ -312,7 +312,7 @@ def fig_sweep_edge(cfg: dict, res: pd.DataFrame, runs, out: Path) -> None:
 
 def sweep_report(cfg: dict, runs, out: Path) -> pd.DataFrame:
     """Every product of the sweep report in ``out``; returns the per-run results."""
-    from . import style
+    from mwm.report import style
 
     style.apply()
     out.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..io import atomic_write_text
+from mwm.io import atomic_write_text
 
 __all__ = ["write_table", "fmt"]
 

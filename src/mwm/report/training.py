@@ -13,18 +13,18 @@ from matplotlib.colors import LogNorm
 from matplotlib.patches import FancyBboxPatch
 from PIL import Image
 
-from .. import paper
-from ..assignments import resolve_assignment
-from ..io import atomic_write
-from ..layout import SIZES, hidden_matrix_shapes
-from ..manifolds import get_manifold
-from ..model import GPT, GPTConfig
-from ..names import ADAMW, ATTN_MATRICES, MLP_MATRICES, NAMED_ASSIGNMENTS, PAPER_ASSIGNMENTS, UNCONSTRAINED, is_colnorm, parse_variant
-from ..sweep import assignment_spec
-from ..schedule import muon_lr_series
-from . import style
-from .load import RunData, load_spectrum, spectra_steps
-from .tables import write_table
+from mwm import paper
+from mwm.optim.assignments import resolve_assignment
+from mwm.io import atomic_write
+from mwm.config.layout import SIZES, hidden_matrix_shapes
+from mwm.optim.manifolds import get_manifold
+from mwm.train.model import GPT, GPTConfig
+from mwm.config.names import ADAMW, ATTN_MATRICES, MLP_MATRICES, NAMED_ASSIGNMENTS, PAPER_ASSIGNMENTS, UNCONSTRAINED, is_colnorm, parse_variant
+from mwm.workflow.variants import assignment_spec
+from mwm.train.schedule import muon_lr_series
+from mwm.report import style
+from mwm.report.load import RunData, load_spectrum, spectra_steps
+from mwm.report.tables import write_table
 
 __all__ = ["training_report", "base_variants", "ablation_pairs", "aggregate_status",
            "growth_bound"]
@@ -369,7 +369,7 @@ def training_report(cfg: dict, runs, out: Path) -> dict:
     fig_sigma_layers(runs, out, variants)
     fig_spectrum(runs, out)
     fig_attention(runs, out, variants)
-    from .quality import fig_solver_quality, solver_quality
+    from mwm.report.quality import fig_solver_quality, solver_quality
 
     fig_solver_quality(solver_quality({k: r for k, r in runs.items() if k[0] in variants}), out)
     table_assignments(cfg, out, list(dict.fromkeys(v for v, _ in runs)))

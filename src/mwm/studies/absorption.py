@@ -35,7 +35,7 @@ Outputs under ``--out``: ``absorption.csv`` (``manifold, precision, n, seed, T, 
 e_pre, e_W, e_W_step, violation``), ``absorption_summary.csv`` (seed means),
 ``absorption_pairs.csv`` (``index, name, file_manifold, manifold, m, n, g_scaling, g_rms,
 w_residual, T, e_A, e_pre, e_W, e_W_step, violation``; the header alone without pairs) and
-``absorption_derived.json``; their names come from :mod:`mwm.stages`.
+``absorption_derived.json``; their names come from :mod:`mwm.workflow.stages`.
 """
 
 from __future__ import annotations
@@ -50,15 +50,15 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .. import paper
-from ..dual_ascent import dual_ascent
-from ..manifolds import Manifold
-from ..names import STUDY_MANIFOLDS
-from .common import (chunks, main_for, random_pairs, resolve_device, run_meta, variant_manifold,
+from mwm import paper
+from mwm.optim.dual_ascent import dual_ascent
+from mwm.optim.manifolds import Manifold
+from mwm.config.names import STUDY_MANIFOLDS
+from mwm.studies.common import (chunks, main_for, random_pairs, resolve_device, run_meta, variant_manifold,
                      write_csv, write_json)
-from ..stages import STAGES
+from mwm.workflow.stages import STAGES
 
-#: This study's output files (mwm.stages): the writers name them by key.
+#: This study's output files (mwm.workflow.stages): the writers name them by key.
 FILES = STAGES["absorption"]
 
 __all__ = ["measure_absorption", "load_pairs", "run_absorption", "derive_absorption", "main"]

@@ -43,13 +43,13 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .. import paper
-from ..dual_ascent import dual_ascent
-from .common import (chunks, main_for, random_pairs, resolve_device, run_meta, variant_manifold,
+from mwm import paper
+from mwm.optim.dual_ascent import dual_ascent
+from mwm.studies.common import (chunks, main_for, random_pairs, resolve_device, run_meta, variant_manifold,
                      write_csv, write_json)
-from ..stages import STAGES
+from mwm.workflow.stages import STAGES
 
-#: This study's output files (mwm.stages): the writers name them by key.
+#: This study's output files (mwm.workflow.stages): the writers name them by key.
 FILES = STAGES["alpha"]
 
 __all__ = ["alpha_grid", "power_law_fit", "run_alpha", "derive_alpha", "main"]

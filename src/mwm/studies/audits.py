@@ -26,7 +26,7 @@
 Outputs under ``--out``: ``softmax_jacobian.csv``, ``logit_bound.csv``,
 ``growth_bound.csv`` (``step, eta, eta_sum, bound``: the bound after the update of
 ``step``, every step up to 10k steps, thinned evenly beyond), ``tangent_dims.csv``, ``spectral_check.csv`` (its
-header alone without a spectral log) and ``audits.json`` (the files of :data:`mwm.stages.STAGES`).
+header alone without a spectral log) and ``audits.json`` (the files of :data:`mwm.workflow.stages.STAGES`).
 """
 
 from __future__ import annotations
@@ -38,15 +38,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .. import paper
-from ..manifolds import get_manifold
-from ..msign import GRAM_RESTART, msign, polar_exact
-from ..names import NAMED_ASSIGNMENTS, STUDY_MANIFOLDS, UNCONSTRAINED
-from ..schedule import muon_lr_series
-from .common import main_for, pair_seed, read_csv, resolve_device, run_meta, write_csv, write_json
-from ..stages import STAGES
+from mwm import paper
+from mwm.optim.manifolds import get_manifold
+from mwm.optim.msign import GRAM_RESTART, msign, polar_exact
+from mwm.config.names import NAMED_ASSIGNMENTS, STUDY_MANIFOLDS, UNCONSTRAINED
+from mwm.train.schedule import muon_lr_series
+from mwm.studies.common import main_for, pair_seed, read_csv, resolve_device, run_meta, write_csv, write_json
+from mwm.workflow.stages import STAGES
 
-#: This study's output files (mwm.stages): the writers name them by key.
+#: This study's output files (mwm.workflow.stages): the writers name them by key.
 FILES = STAGES["audits"]
 
 __all__ = [
@@ -603,9 +603,9 @@ def audit_propositions(sec: dict) -> dict:
 def audit_adamw_share() -> dict:
     """Share of GPT-2 small's parameters (tied head, as released) that AdamW trains
     under the paper's split (embeddings, LayerNorm, head: AdamW; hidden matrices: Muon)."""
-    from ..assignments import resolve_assignment
-    from ..model import GPT, GPTConfig
-    from ..names import ADAMW
+    from mwm.optim.assignments import resolve_assignment
+    from mwm.train.model import GPT, GPTConfig
+    from mwm.config.names import ADAMW
 
     with torch.device("meta"):
         model = GPT(GPTConfig(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768))
@@ -625,9 +625,9 @@ def audit_msign_calls(n: int = 64, iterations: tuple[int, ...] = (20, 100)) -> d
     call counts") is the Stiefel count over plain Muon's."""
     import sys
 
-    from .. import msign as msign_module
-    from ..optim import ManifoldMuon
-    from ..solvers import SolverSettings
+    from mwm.optim import msign as msign_module
+    from mwm.optim.muon import ManifoldMuon
+    from mwm.optim.solvers import SolverSettings
 
     real = msign_module.msign
     calls = [0]
@@ -732,7 +732,7 @@ def run_audits(cfg: dict, out: str | Path, config_path: str | None = None, spect
     else:
         derived["spectral_check"] = {"holds": None, "reason": "no spectral log given (--spectral or "
                                                               "studies.audits.growth.spectral_csv)"}
-        # a declared output (mwm.stages): its header alone, the reason is in audits.json
+        # a declared output (mwm.workflow.stages): its header alone, the reason is in audits.json
         write_csv(out / FILES.file("spectral_check"), SPECTRAL_CHECK_COLUMNS, [])
     derived["meta"] = run_meta(sec, device, time.perf_counter() - t0, config_path)
     derived["meta"]["dtype"] = "float64 (softmax, logits, bounds); float32 (Polar Express norm)"

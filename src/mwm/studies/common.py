@@ -16,13 +16,13 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
-from ..config import ConfigError, config_hash, load_config
-from ..config import resolve_device as _resolve_device
-from ..io import atomic_write_text  # the package's one atomic writer (umask-honouring)
-from ..manifolds import Manifold, get_manifold
-from ..msign import msign
-from ..names import STUDY_MANIFOLDS
-from ..paths import check_out_root
+from mwm.config import ConfigError, config_hash, load_config
+from mwm.config import resolve_device as _resolve_device
+from mwm.io import atomic_write_text  # the package's one atomic writer (umask-honouring)
+from mwm.optim.manifolds import Manifold, get_manifold
+from mwm.optim.msign import msign
+from mwm.config.names import STUDY_MANIFOLDS
+from mwm.workflow.paths import check_out_root
 
 __all__ = [
     "variant_manifold",
@@ -41,7 +41,7 @@ __all__ = [
 
 def variant_manifold(variant: str) -> Manifold:
     """The :class:`Manifold` of a study manifold variant (``stiefel``, ``dgram-paper``, ...:
-    :data:`mwm.names.STUDY_MANIFOLDS`)."""
+    :data:`mwm.config.names.STUDY_MANIFOLDS`)."""
     if variant not in STUDY_MANIFOLDS:
         raise ValueError(f"unknown manifold variant {variant!r}; choose one of {', '.join(STUDY_MANIFOLDS)}")
     return get_manifold(*STUDY_MANIFOLDS[variant])
@@ -161,7 +161,7 @@ def read_csv(path: str | Path) -> list[dict[str, str]]:
 def run_meta(section: dict, device: torch.device, wall_s: float, config_path: str | None,
              precisions: Sequence[str] = ("float32",)) -> dict:
     """Provenance block written into every derived JSON."""
-    from ..numerics import VERSION
+    from mwm.numerics import VERSION
 
     return {
         "config": config_path,
@@ -186,7 +186,7 @@ def build_parser(prog: str, description: str, extra: Callable[[argparse.Argument
         prog=prog, description=description,
         epilog="Overrides are dotted.key=value with YAML values, e.g. studies.alpha.sizes=[16,32] "
                "studies.alpha.seeds=2. Outputs are written atomically under --out.")
-    p.add_argument("--config", required=True, help="config YAML (validated against src/mwm/schema/*.yaml)")
+    p.add_argument("--config", required=True, help="config YAML (validated against src/mwm/config/schema/*.yaml)")
     p.add_argument("--out", required=True, help="output folder (created if missing)")
     if extra is not None:
         extra(p)

@@ -6,7 +6,7 @@ Stiefel and DGram by default), by :mod:`mwm.train` itself: with ``source: grid``
 own run of the assignment at ``studies.solvers.seed`` captures them while it trains (no
 training twice), with ``source: own`` a short capture training that the study runs
 (``train.capture_sequence``). On every captured
-step each candidate solver (:mod:`mwm.solvers`: the paper's dual ascent cold or
+step each candidate solver (:mod:`mwm.optim.solvers`: the paper's dual ascent cold or
 warm-started, with or without a tolerance stop, and ADMM) solves the bank of each
 manifold and shape as the optimizer would; a warm-started candidate carries its
 own final multiplier from the previous captured step, as it would in training.
@@ -19,7 +19,7 @@ run's Muon learning rate at that step:
 
 A second reference, ``e_W_conv`` / ``e_A_conv``, is a long ADMM run
 (``converged_iterations``) solved scale-normalized (on ``W / sigma_max``,
-:func:`mwm.solvers.scaled_solve`; the plain ADMM loses its way on large DGram weights); the
+:func:`mwm.optim.solvers.scaled_solve`; the plain ADMM loses its way on large DGram weights); the
 derived JSON gives both references' final ``||P(W^T A + A^T W)||_RMS``. ``align`` is each
 candidate's alignment with the momentum, ``tr(G^T A) / ||G||_*`` (matrix mean), ``align_conv``
 the converged reference's: what the constraint allows. With ``normalized: true`` every
@@ -60,16 +60,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..config import ConfigError
-from ..io import read_csv_rows
-from ..runs import RESULTS_ROOT, capture_variants, run_dir
-from ..manifolds import get_manifold
-from ..solvers import SolverSettings, msign_per_iteration, solve
-from .absorption import _rel, load_pairs
-from .common import main_for, resolve_device, run_meta, write_csv, write_json
-from ..stages import STAGES
+from mwm.config import ConfigError
+from mwm.io import read_csv_rows
+from mwm.workflow.runs import RESULTS_ROOT, capture_variants, run_dir
+from mwm.optim.manifolds import get_manifold
+from mwm.optim.solvers import SolverSettings, msign_per_iteration, solve
+from mwm.studies.absorption import _rel, load_pairs
+from mwm.studies.common import main_for, resolve_device, run_meta, write_csv, write_json
+from mwm.workflow.stages import STAGES
 
-#: This study's output files (mwm.stages): the writers name them by key.
+#: This study's output files (mwm.workflow.stages): the writers name them by key.
 FILES = STAGES["solvers"]
 
 __all__ = ["candidates", "parse_candidate", "capture_sequences", "read_captures", "load_sequence", "measure_sequence", "run_solvers", "main"]
@@ -138,8 +138,8 @@ def capture_sequences(cfg: dict, sec: dict, out: Path, log=print) -> tuple[list[
     every captured step, ``[{assignment, run, reason}]`` of those that do not)."""
     import signal
 
-    from ..runs import run_dir
-    from ..train import train
+    from mwm.workflow.runs import run_dir
+    from mwm.train.loop import train
 
     dirs, missing = [], []
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1)}

@@ -30,13 +30,13 @@ pattern spans such a point, so encoding the pieces gives the ids of the whole.
 
 from __future__ import annotations
 
-from ..errors import DataError
-from .hf import HFDataset
-from .markdown import strip_markdown
-from .openwebtext import NANOGPT_OPENWEBTEXT, OWT_ARCHIVES, OWT_REPO, OWT_REVISION, OpenWebTextArchives
-from .shakespeare import Shakespeare
-from .text import TextFiles, expand_paths
-from .units import UNIT_CHARS, RowsUnit, Source, TextUnit, iter_pieces, split_indices
+from mwm.data.errors import DataError
+from mwm.data.corpora.hf import HFDataset
+from mwm.data.corpora.markdown import strip_markdown
+from mwm.data.corpora.openwebtext import NANOGPT_OPENWEBTEXT, OWT_ARCHIVES, OWT_REPO, OWT_REVISION, OpenWebTextArchives
+from mwm.data.corpora.shakespeare import Shakespeare
+from mwm.data.corpora.text import TextFiles, expand_paths
+from mwm.data.corpora.units import UNIT_CHARS, RowsUnit, Source, TextUnit, iter_pieces, split_indices
 
 __all__ = [
     "UNIT_CHARS",

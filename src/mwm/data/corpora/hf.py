@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import DataError
-from .openwebtext import NANOGPT_OPENWEBTEXT
-from .units import HF_UNIT_ROWS, RowsUnit, Source, UNIT_CHARS, split_orders
+from mwm.data.errors import DataError
+from mwm.data.corpora.openwebtext import NANOGPT_OPENWEBTEXT
+from mwm.data.corpora.units import HF_UNIT_ROWS, RowsUnit, Source, UNIT_CHARS, split_orders
 
 
 

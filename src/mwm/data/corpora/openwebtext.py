@@ -12,9 +12,9 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from .. import workers
-from ..errors import DataError
-from .units import HF_UNIT_ROWS, Source, UNIT_CHARS, split_orders
+from mwm.data import workers
+from mwm.data.errors import DataError
+from mwm.data.corpora.units import HF_UNIT_ROWS, Source, UNIT_CHARS, split_orders
 
 
 OWT_REPO = "Skylion007/openwebtext"

@@ -8,8 +8,8 @@ import hashlib
 import os
 from pathlib import Path
 from typing import Sequence
-from ..errors import DataError
-from .units import READ_BLOCK, Source, last_safe_cut, iter_pieces
+from mwm.data.errors import DataError
+from mwm.data.corpora.units import READ_BLOCK, Source, last_safe_cut, iter_pieces
 
 
 

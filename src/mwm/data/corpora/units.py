@@ -11,8 +11,8 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from .. import workers
-from ..errors import DataError
+from mwm.data import workers
+from mwm.data.errors import DataError
 
 
 UNIT_CHARS = 1 << 18      # ~256k characters (~64k tokens) of text per work unit

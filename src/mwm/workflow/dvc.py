@@ -1,0 +1,353 @@
+"""The DVC pipelines: one per config, a stage per kind of product, each running its Snakemake target.
+
+Snakemake builds; DVC versions and shares what it built. The embedded default is the root
+``dvc.yaml`` (a bare ``dvc repro``), every other ``config/<name>.yaml`` is
+``pipelines/<name>/dvc.yaml``. Each is rendered from the config alone (no Snakemake run) by
+:func:`pipeline`: the stages ``data``, ``runs``, ``studies``, ``figures`` the config makes
+(:func:`mwm.workflow.stages.products`), each ``snakemake --allowed-rules <its rules> -- <its target>`` tracking
+one folder. A stage reruns on its config sections (``params``), its rule file and schema, and:
+
+- ``runs``, ``studies``: the numerics version, not their code (a refactor retrains nothing; a
+  numerics change retrains all, as in Snakemake);
+- ``data``, ``figures``: the package code their entry point imports, by subpackage.
+
+A dataset shared by configs belongs to the first pipeline that uses it (the default first).
+
+    python -m mwm.workflow.dvc                 # write dvc.yaml and pipelines/*/dvc.yaml
+    python -m mwm.workflow.dvc --check         # exit 1 with a diff when one is stale
+    python -m mwm.workflow.dvc sync [--config config/ci.yaml]   # dvc pull, then snakemake --touch
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import difflib
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from mwm.config import ConfigError, load_config
+from mwm.data import dataset_dir
+from mwm.io import atomic_write_text
+from mwm.workflow.paths import leads_out
+from mwm.workflow.runs import RESULTS_ROOT, grid_variants
+from mwm.workflow.stages import PRODUCTS, REPORT_INPUTS, products, rule_file_sections
+
+__all__ = ["PERSISTENT", "pipeline", "pipelines", "render", "check", "sync", "main"]
+
+DVC_YAML = "dvc.yaml"
+DEFAULT_CONFIG = "config/config.yaml"
+PIPELINES = Path("pipelines")
+PACKAGE = Path("src") / "mwm"
+SCHEMA = PACKAGE / "config" / "schema"
+NUMERICS = {(PACKAGE / "numerics.py").as_posix(): ["VERSION"]}
+
+#: Per kind of product: its rule file, the rules its stage may run, and the entry point whose imports
+#: are its code (None: versioned by the numerics instead).
+KINDS = {
+    "data": ("data", ("prepare_data",), "mwm.data"),
+    "runs": ("train", ("train",), None),
+    "studies": ("studies", ("study_alpha", "study_absorption", "study_audits", "study_solvers"), None),
+    "figures": ("report", ("report",), "mwm.report"),
+}
+#: Kinds whose folder DVC leaves in place when it reruns the stage: Snakemake decides what to remake
+#: (tokenized data is hours at paper scale).
+PERSISTENT = ("data",)
+#: Plots per config: (name, run file, column).
+PLOTS = (("val loss", "eval.csv", "val_loss"), ("sigma_max", "spectral.csv", "sigma_max"))
+
+_HEADER = ("# DVC pipeline of {config}: dvc repro{target}\n"
+           "# Written by `python -m mwm.workflow.dvc` from the config (docs/dvc.md); edit the config, not this file.\n")
+
+
+class _Dumper(yaml.SafeDumper):
+    def ignore_aliases(self, data):  # each stage spelled out, no YAML anchors
+        return True
+
+
+def folders(cfg: dict) -> dict[str, str]:
+    """The folder each kind of product of ``cfg`` lives in."""
+    name = cfg["name"]
+    return {"data": dataset_dir(cfg["data"]).as_posix(), "runs": f"{RESULTS_ROOT}/runs/{name}",
+            "studies": f"{RESULTS_ROOT}/studies/{name}", "figures": f"paper_figures/{name}"}
+
+
+def _module_file(name: str) -> Path | None:
+    base = PACKAGE.joinpath(*name.split(".")[1:])
+    return next((f for f in (base / "__init__.py", base.with_suffix(".py")) if f.is_file()), None)
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """The package modules the import statements of module ``name`` name, inside functions too."""
+    package = (name if path.name == "__init__.py" else name.rpartition(".")[0]).split(".")
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.split(".")[0] == "mwm")
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            mod = ".".join(base + ([node.module] if node.module else []))
+            if mod.split(".")[0] == "mwm":
+                out |= {mod, *(f"{mod}.{a.name}" for a in node.names)}
+    return out
+
+
+def code_deps(entry: str) -> list[str]:
+    """What ``python -m entry`` may import: top-level modules as files, subpackages as folders. A
+    folder is tracked whole, so every module in it counts as imported."""
+    todo, seen = [entry, f"{entry}.__main__"], set()
+    while todo:
+        name = todo.pop()
+        if name in seen or (path := _module_file(name)) is None:
+            continue
+        seen.add(name)
+        todo.extend(_imports(name, path))
+        parts = name.split(".")
+        if len(parts) > 1 and (PACKAGE / parts[1]).is_dir():  # the rest of its subpackage
+            todo.extend(".".join(["mwm", *f.relative_to(PACKAGE).with_suffix("").parts])
+                        for f in (PACKAGE / parts[1]).rglob("*.py") if f.name != "__init__.py")
+    deps = set()
+    for name in seen:
+        parts = name.split(".")
+        if len(parts) > 1:
+            top = PACKAGE / parts[1]
+            deps.add((top if top.is_dir() else top.with_suffix(".py")).as_posix())
+    return sorted(deps)
+
+
+def _file_sets(raw: dict, dotted: str) -> bool:
+    """Whether the config file itself sets ``a.b.c`` (DVC refuses a param its file lacks)."""
+    node = raw
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def pipeline(cfg_path: str, owned_data: set[str]) -> dict:
+    """The pipeline of one config; ``owned_data``: the data folders earlier pipelines track (updated)."""
+    cfg = load_config(cfg_path)
+    raw = yaml.safe_load(Path(cfg_path).read_text()) or {}
+    where = folders(cfg)
+    made = [k for k in products(cfg) if not (k == "data" and where["data"] in owned_data)]
+    owned_data.add(where["data"])
+    studies, with_runs = REPORT_INPUTS[cfg["workflow"]["report"]]
+    reads = {"runs": ["data"], "studies": ["data", *(["runs"] if "runs" in products(cfg) else [])],
+             "figures": [*(["runs"] if with_runs else []), *(["studies"] if studies else [])]}
+    stages = {}
+    for kind in made:
+        rule_file, rules, entry = KINDS[kind]
+        sections = [s for s in rule_file_sections(rule_file) if _file_sets(raw, s) or "." not in s and s in cfg]
+        ups = [where[k] for k in reads.get(kind, [])]
+        schemas = [(SCHEMA / f"{s}.yaml").as_posix() for s in dict.fromkeys(s.split(".")[0] for s in sections)]
+        stage = {"cmd": f"snakemake --cores all --configfile {shlex.quote(cfg_path)} --allowed-rules "
+                        f"{' '.join(rules)} {kind} -- {kind}",
+                 "deps": [*ups, f"rules/{rule_file}.smk", *schemas, *(code_deps(entry) if entry else [])]}
+        params = ([{cfg_path: sections}] if sections else []) + ([] if entry else [dict(NUMERICS)])
+        if params:
+            stage["params"] = params
+        stage["outs"] = [{where[kind]: {"persist": True}} if kind in PERSISTENT else where[kind]]
+        stages[kind] = stage
+    content = {"stages": stages}
+    if "runs" in made and with_runs:
+        runs = [f"{where['runs']}/{v}/seed{s}" for v in grid_variants(cfg["grid"]) for s in cfg["grid"]["seeds"]]
+        content["metrics"] = [f"{r}/summary.json" for r in runs]
+        content["plots"] = [{f"{title} ({cfg['name']})": {"x": "step", "y": {f"{r}/{f}": col for r in runs}}}
+                            for title, f, col in PLOTS]
+    return content
+
+
+def pipeline_file(cfg: dict, default: bool) -> Path:
+    return Path(DVC_YAML) if default else PIPELINES / cfg["name"] / DVC_YAML
+
+
+def all_configs(default: str = DEFAULT_CONFIG) -> list[str]:
+    """The default config first, then every other ``config/*.yaml`` by name."""
+    others = sorted((p.as_posix() for p in Path(default).parent.glob("*.yaml") if p.as_posix() != default),
+                    key=lambda p: Path(p).stem)
+    return [default, *others]
+
+
+def render(dest: Path, cfg_path: str, content: dict) -> str:
+    """The file's text; a pipeline below the root runs its stages from the root (``wdir``), and its
+    top-level metrics and plots are relative to its own folder."""
+    back = os.path.relpath(".", dest.parent)
+    if back != ".":
+        content["stages"] = {k: {"cmd": st["cmd"], "wdir": back, **st} for k, st in content["stages"].items()}
+        rel = lambda p: f"{back}/{p}"  # noqa: E731
+        content["metrics"] = [rel(m) for m in content.get("metrics", [])] or None
+        content["plots"] = [{k: {**v, "y": {rel(f): c for f, c in v["y"].items()}}} for p in content.get("plots", [])
+                            for k, v in p.items()] or None
+    content = {k: v for k, v in content.items() if v}
+    target = "" if dest == Path(DVC_YAML) else f" {dest.as_posix()}"
+    return _HEADER.format(config=cfg_path, target=target) + yaml.dump(content, Dumper=_Dumper, sort_keys=False, width=110)
+
+
+def pipelines(configs: list[str], default: str = DEFAULT_CONFIG) -> dict[Path, str]:
+    """Each config's pipeline file and its text."""
+    texts: dict[Path, str] = {}
+    owned: set[str] = set()
+    for cfg_path in configs:
+        cfg_path = Path(os.path.normpath(cfg_path)).as_posix()
+        dest = pipeline_file(load_config(cfg_path), cfg_path == os.path.normpath(default))
+        if dest in texts:
+            raise ConfigError(f"{cfg_path}: name {dest.parent.name!r} is another config's too")
+        texts[dest] = render(dest, cfg_path, pipeline(cfg_path, owned))
+    return texts
+
+
+def written() -> list[Path]:
+    """The pipeline files in the checkout (the root one and ``pipelines/*/dvc.yaml``)."""
+    return [p for p in [Path(DVC_YAML), *sorted(PIPELINES.glob(f"*/{DVC_YAML}"))] if p.is_file()]
+
+
+def check(texts: dict[Path, str]) -> int:
+    """0 when every file holds what would be written and no other pipeline file exists."""
+    stale = 0
+    for path in sorted(set(texts) | set(written())):
+        old = path.read_text() if path.is_file() else ""
+        if old != texts.get(path, ""):
+            stale += 1
+            sys.stdout.writelines(difflib.unified_diff(old.splitlines(True), texts.get(path, "").splitlines(True),
+                                                       f"{path} (committed)", f"{path} (from the config)"))
+    if stale:
+        print(f"\n{stale} pipeline file(s) out of date: run  python -m mwm.workflow.dvc", file=sys.stderr)
+        return 1
+    print(f"up to date: {len(texts)} pipeline files")
+    return 0
+
+
+def write(texts: dict[Path, str]) -> None:
+    for path in written():
+        if path not in texts:  # its config is gone
+            path.unlink()
+            print(f"removed {path}")
+    for path, text in texts.items():
+        atomic_write_text(path, text)
+        print(f"wrote {path}: {len(text.splitlines())} lines")
+
+
+# --- sync ---------------------------------------------------------------------------------
+
+
+def _run(cmd: list[str]) -> int:
+    print("+ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
+    return subprocess.call(cmd)
+
+
+def config_pipeline(configfile: str) -> Path | None:
+    """The pipeline file of ``configfile``, by its first line."""
+    want = f"# DVC pipeline of {os.path.normpath(configfile)}:"
+    return next((p for p in written() if p.read_text().startswith(want)), None)
+
+
+def pull_problems(pipeline_path: Path, remote: str | None = None) -> list[str]:
+    """Why ``dvc pull`` of a pipeline cannot fetch anything, in words ([] when it can try): no
+    ``dvc.lock`` beside it, no remote, or a folder remote whose folder does not exist (``dvc pull``
+    itself would print "Everything is up to date" and one "checkout failed" per path)."""
+    problems = []
+    lock = pipeline_path.with_name("dvc.lock")
+    if not lock.is_file():
+        p = pipeline_path.as_posix()
+        problems.append(f"{lock.as_posix()} does not exist: this pipeline's results were never committed "
+                        f"(`dvc repro {p}` or `dvc commit -f {p}`, then `dvc push {p}` and commit {lock.as_posix()})")
+    try:
+        from dvc.repo import Repo
+    except ImportError:  # no dvc: the pull itself says so
+        return problems
+    try:
+        with Repo(".") as repo:
+            name = remote or repo.config["core"].get("remote")
+            remotes = dict(repo.config["remote"])
+    except Exception as exc:  # noqa: BLE001 - not a DVC repository, an unreadable config
+        return problems + [f"cannot read the DVC configuration here ({type(exc).__name__}: {exc})"]
+    if not name:
+        problems.append("no DVC remote given (--remote) and no default remote set (`dvc remote add -d NAME URL`)")
+    elif name not in remotes:
+        problems.append(f"DVC remote {name!r} is not configured (configured: {', '.join(remotes) or 'none'}; "
+                        "`dvc remote list`)")
+    else:
+        url = str(remotes[name].get("url", ""))
+        local = url[len("file://"):] if url.startswith("file://") else (url if "://" not in url else None)
+        if local is not None and not os.path.isdir(local):
+            problems.append(f"the folder of DVC remote {name!r}, {local}, does not exist (a disk not mounted? "
+                            f"point it elsewhere: `dvc remote modify --local {name} url PATH`)")
+    return problems
+
+
+def sync(configs: list[str], remote: str | None = None, pull: bool = True, cores: str = "1") -> int:
+    """``dvc pull`` the configs' pipelines, check their folders arrived, then ``snakemake --touch``
+    each config: a DVC checkout does not keep modification times, which Snakemake would take for stale."""
+    for cfg in configs:
+        path = config_pipeline(cfg)
+        if path is None:
+            print(f"error: no dvc.yaml holds the pipeline of {cfg}; run  python -m mwm.workflow.dvc", file=sys.stderr)
+            return 1
+        stages = (yaml.safe_load(path.read_text()) or {}).get("stages", {})
+        outs = [o if isinstance(o, str) else next(iter(o)) for st in stages.values() for o in st.get("outs", [])]
+        linked = next(((p, real) for p in outs if (real := leads_out(f"{p}/-"))), None)
+        if linked:  # DVC would fetch, then fail to git-ignore the folder there
+            print(f"error: {linked[0]} lies in {linked[1]}, outside the repository, where DVC cannot check out "
+                  f"or track files; nothing pulled or touched (docs/dvc.md, 'Data on scratch')", file=sys.stderr)
+            return 1
+        if pull:
+            problems = pull_problems(path, remote)
+            if problems:
+                print(f"error: cannot pull the pipeline of {cfg} ({path.as_posix()}): " + "; ".join(problems)
+                      + "; nothing pulled or touched", file=sys.stderr)
+                return 1
+            if _run(["dvc", "pull", *(["-r", remote] if remote else []), path.as_posix()]) != 0:
+                return 1
+        missing = [p for p in outs if not Path(p).is_dir()]
+        if missing:
+            print(f"error: {len(missing)} tracked folders of {cfg} are missing, e.g. {missing[0]}; nothing touched "
+                  "(is the remote complete? `dvc status -c`)", file=sys.stderr)
+            return 1
+        if _run(["snakemake", "--cores", cores, "--configfile", cfg, "--touch", "--quiet", "all", "--", "all"]) != 0:
+            return 1
+    return 0
+
+
+# --- command line -------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["sync"]:
+        p = argparse.ArgumentParser(prog="python -m mwm.workflow.dvc sync",
+                                    description="dvc pull a config's pipeline, then snakemake --touch, so that "
+                                                "`snakemake all -n` has nothing to do")
+        p.add_argument("--config", action="append", help=f"config file (repeatable; default: {DEFAULT_CONFIG})")
+        p.add_argument("--remote", "-r", default=None, help="DVC remote (default: the default remote)")
+        p.add_argument("--no-pull", action="store_true", help="only touch (after your own `dvc pull`)")
+        a = p.parse_args(argv[1:])
+        return sync(a.config or [DEFAULT_CONFIG], remote=a.remote, pull=not a.no_pull)
+    p = argparse.ArgumentParser(prog="python -m mwm.workflow.dvc",
+                                description="write dvc.yaml (the default config's pipeline) and "
+                                            "pipelines/<name>/dvc.yaml (every other config); run from the repository root")
+    p.add_argument("--default", default=DEFAULT_CONFIG,
+                   help=f"the config whose pipeline is the root dvc.yaml (default: {DEFAULT_CONFIG})")
+    p.add_argument("--check", action="store_true", help="exit 1 with a diff if a pipeline file is stale")
+    a = p.parse_args(argv)
+    default = os.path.normpath(a.default)
+    if not Path(default).is_file():
+        p.error(f"--default {a.default}: no such config file (run from the repository root)")
+    try:
+        texts = pipelines(all_configs(default), default)
+    except ConfigError as exc:  # one line, not a traceback
+        print(f"mwm.workflow.dvc: error: {exc}", file=sys.stderr)
+        return 2
+    if a.check:
+        return check(texts)
+    write(texts)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
