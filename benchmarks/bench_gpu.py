@@ -63,7 +63,7 @@ ADMM_ROW = ("hetero", {"train.solver": "admm", "train.warm_start": True, "train.
                        "train.admm_rho": 2.0})
 #: ms/step relative to none on an H100, as the paper reports them
 PAPER_RATIO = {"stiefel": 5.8, "hetero": 8.3, "dgram": 13.6}
-#: this project's goal (issue 23): at most half the paper's ratio; ADMM at most 1.5x none
+#: this project's goal: at most half the paper's ratio; ADMM at most 1.5x none
 GOAL_RATIO = {"stiefel": 2.9, "hetero": 4.2, "dgram": 6.8, "hetero-admm": 1.5}
 #: dense bf16 tensor-core peaks (TFLOP/s, the vendor's figures), by a name in the device's
 BF16_PEAK_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "L40S": 362.1}

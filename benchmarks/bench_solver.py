@@ -1,4 +1,4 @@
-"""Benchmark: faster inner solvers at the paper's accuracy (issue 15).
+"""Benchmark: faster inner solvers at the paper's accuracy.
 
 Prints, each measured in this run against its baseline:
 

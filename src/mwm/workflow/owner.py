@@ -1,4 +1,4 @@
-"""Which config file a config name's results belong to (issue 24, item 2).
+"""Which config file a config name's results belong to.
 
 Results land under ``<root>/runs/<name>/`` (and ``studies/<name>``, ``paper_figures/<name>``)
 by the config's ``name``, so a copied config that keeps the name would write over the
