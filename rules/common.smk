@@ -255,6 +255,15 @@ def all_runs():
     return [f"{RUNS}/{v}/seed{s}/{f}" for v in RUN_VARIANTS for s in SEEDS for f in (*RUN_FILES, "spectra", "sequence")]
 
 
+# What the report reads: the studies, and whether the grid's runs (mwm.workflow.stages.REPORT_INPUTS).
+REPORT_STUDIES, REPORT_READS_RUNS = stages.REPORT_INPUTS[CFG["workflow"]["report"]]
+
+
+def run_targets():
+    """The runs the config makes: those its report reads, and the solver study's captures."""
+    return list(dict.fromkeys([*(all_runs() if REPORT_READS_RUNS else []), *solver_sequences(None)]))
+
+
 def run_capture(variant, seed):
     """The steps the run captures for the solver study (None: none), so a change of the
     study's window reruns exactly the runs that capture."""

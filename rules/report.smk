@@ -6,13 +6,7 @@
 # whose workflow.report is "mechanism" (config/mechanism.yaml) its causal experiment from its runs and
 # the solver study on pairs one of them captured.
 
-REPORT_STUDIES, _with_runs = stages.REPORT_INPUTS[CFG["workflow"]["report"]]
-REPORT_INPUTS = [*(all_runs() if _with_runs else []), *study_outputs(*REPORT_STUDIES)]
-
-
-def run_targets():
-    """The runs the config makes: those its report reads, and the solver study's captures."""
-    return list(dict.fromkeys([*(all_runs() if _with_runs else []), *solver_sequences(None)]))
+REPORT_INPUTS = [*(all_runs() if REPORT_READS_RUNS else []), *study_outputs(*REPORT_STUDIES)]
 
 
 rule report:
