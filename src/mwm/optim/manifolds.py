@@ -28,7 +28,7 @@ DGram has two retractions, chosen by name:
 
 Both are computed from the eigendecomposition of the ``n x n`` Gram matrix
 instead of a full SVD of the ``m x n`` matrix, in float64 whatever the weight's dtype: the Gram
-squares the weight's condition number, and a float32 Gram's eigh lost ``eps kappa^2`` (up to 1.8e-5
+squares the weight's condition number, and a float32 Gram's eigh loses ``eps kappa^2`` (up to 1.8e-5
 on the mini model's weights, 10x a float32 SVD's error; ``benchmarks/bench_accuracy.py``), where a
 float64 one is exact to the float32 result's rounding. A weight whose Gram spans too many orders of
 magnitude even for that (nearly singular) is retracted by SVD in float64 instead.
@@ -100,9 +100,9 @@ def _inv_sqrt_psd(S: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     code does (by SVD).
 
     Why not carry on with eigh there: the small eigenvalues carry the Gram's rounding (eps times the
-    largest), and their power -1/2 blows those directions up. A nearly singular weight (a DGram
-    attention c_proj at eta 0.32 in config/sweep.yaml) came back from the eigh retraction with
-    sigma_max 1050 where the input had 134, outside the growth bound the paper's argument rests on.
+    largest), and their power -1/2 blows those directions up: on a nearly singular weight the eigh
+    retraction can raise sigma_max far past the input's, outside the growth bound the paper's argument
+    rests on (docs/findings.md, Dated runs, config/sweep.yaml).
     A Gram with NaN or Inf entries (a diverged weight) raises ``FloatingPointError`` here, before
     LAPACK sees it (its eigh would fail to converge, or return NaN).
     """

@@ -25,7 +25,7 @@ candidate's alignment with the momentum, ``tr(G^T A) / ||G||_*`` (matrix mean), 
 the converged reference's: what the constraint allows. With ``normalized: true`` every
 candidate also runs scale-normalized, as ``<candidate>-norm``. On training momentum (``||G||_RMS ~ 1e-3``) the cold
 dual ascent at alpha 0.1 is far from converged after 200 iterations (its step
-``alpha H`` is absolute while the multiplier scales with ``G``), so the issue's
+``alpha H`` is absolute while the multiplier scales with ``G``), so the dual-ascent
 reference measures closeness to the paper's own trajectory, the converged one
 closeness to the solution of the inner problem.
 

@@ -20,14 +20,9 @@ A run's step count is out of the ``max_iters`` it ran with (its summary's), and 
 report is the solver study alone (``workflow.report: solvers``) lists no training runs.
 
 Under the tables: the wall and CPU time of every finished job, summed per stage, from
-Snakemake's benchmark files (``logs/<config>/benchmarks/<stage>/*.tsv``, one per job; the
-wall time is exact, the CPU time a lower bound: Snakemake samples a job's CPU time every 30 s
-once it has run 30 s and misses what the job used after the last sample, up to half of a
-one-minute job), and
-one ETA line for the whole DAG: the running runs' own ETAs, plus each job still to come at
-its stage's benchmarked mean (training jobs without a benchmark yet: the finished or running
-runs' ms/step times max_iters), spread over ``--jobs`` jobs at once (default: the number of
-runs running now, at least one).
+Snakemake's benchmark files (``logs/<config>/benchmarks/<stage>/*.tsv``, one per job; the wall
+time is exact, the CPU time a lower bound, since Snakemake samples it every 30 s), and one ETA
+line for the whole DAG (:func:`dag_eta`).
 """
 
 from __future__ import annotations
