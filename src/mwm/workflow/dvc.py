@@ -46,6 +46,7 @@ PIPELINES = Path("pipelines")
 PACKAGE = Path("src") / "mwm"
 SCHEMA = PACKAGE / "config" / "schema"
 NUMERICS = {(PACKAGE / "numerics.py").as_posix(): ["VERSION"]}
+NUMERICS_MODULE = "mwm.numerics"
 
 #: Per kind of product: its rule file, the rules its stage may run, and the entry point whose imports
 #: are its code (None: versioned by the numerics instead).
@@ -112,7 +113,7 @@ def code_deps(entry: str) -> list[str]:
             todo.extend(".".join(["mwm", *f.relative_to(PACKAGE).with_suffix("").parts])
                         for f in (PACKAGE / parts[1]).rglob("*.py") if f.name != "__init__.py")
     deps = set()
-    for name in seen:
+    for name in seen - {NUMERICS_MODULE}:  # the numerics version is a param of the stages it versions
         parts = name.split(".")
         if len(parts) > 1:
             top = PACKAGE / parts[1]
