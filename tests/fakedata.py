@@ -68,7 +68,7 @@ def write_config(path, base=None, **overrides):
 TESTS = Path(__file__).parent
 CHILD = (
     "import sys; sys.path.insert(0, {tests!r}); import fakedata; fakedata.patch()\n"
-    "from mwm.train import main; sys.exit(main(sys.argv[1:]))\n"
+    "from mwm.train.loop import main; sys.exit(main(sys.argv[1:]))\n"
 )
 
 
