@@ -96,7 +96,8 @@ try:  # the schema already refuses such names; a path from the config never leav
         inside(_parent, NAME, what=f"config name (in {_parent})")
 except ConfigError as exc:
     raise WorkflowError(str(exc))
-DATA = str(dataset_dir(CFG["data"]))
+FOLDERS = folders(CFG)  # where each kind of product lives (mwm.workflow.dvc, the DVC stages' outputs)
+DATA = FOLDERS["data"]
 DATA_FILES = [f"{DATA}/{f}" for f in stages.STAGES["data"].outputs]
 
 
@@ -120,8 +121,8 @@ _check_data()
 
 RUN_VARIANTS = grid_variants(CFG["grid"])  # every trained variant (mwm.config.names.variant_name)
 SEEDS = CFG["grid"]["seeds"]
-RUNS = f"{RESULTS_ROOT}/runs/{NAME}"
-STUDIES = f"{RESULTS_ROOT}/studies/{NAME}"
+RUNS = FOLDERS["runs"]
+STUDIES = FOLDERS["studies"]
 
 
 def _check_dvc_stage():
@@ -131,7 +132,7 @@ def _check_dvc_stage():
     stage = os.environ.get("DVC_STAGE", "").rpartition(":")[2]
     if not stage or IN_JOB:
         return
-    for kind, folder in folders(CFG).items():
+    for kind, folder in FOLDERS.items():
         real = leads_out(f"{folder}/-", os.environ.get("DVC_ROOT", ".")) if stage == kind else None
         if real:
             kept = "nothing was deleted" if kind in PERSISTENT else "DVC removed the stage's outputs before this"
@@ -313,7 +314,7 @@ def spectral_input(wildcards):
 
 
 def all_targets():
-    return [f"paper_figures/{NAME}"]
+    return [FOLDERS["figures"]]
 
 
 # Snakemake's HTML report: the report folder's files it shows, and their category.

@@ -14,7 +14,7 @@ rule report:
         REPORT_INPUTS,
     output:
         report(
-            directory(f"paper_figures/{NAME}"),
+            directory(FOLDERS["figures"]),
             patterns=REPORT_PATTERNS,
             caption="../report/item.rst",
             category=report_category,

@@ -36,7 +36,7 @@ from mwm.data import dataset_dir
 from mwm.io import atomic_write_text
 from mwm.workflow.paths import leads_out
 from mwm.workflow.runs import RESULTS_ROOT, grid_variants
-from mwm.workflow.stages import PRODUCTS, REPORT_INPUTS, products, rule_file_sections
+from mwm.workflow.stages import REPORT_INPUTS, products, rule_file_sections
 
 __all__ = ["PERSISTENT", "pipeline", "pipelines", "render", "check", "sync", "main"]
 
@@ -131,15 +131,16 @@ def _file_sets(raw: dict, dotted: str) -> bool:
     return True
 
 
-def pipeline(cfg_path: str, owned_data: set[str]) -> dict:
-    """The pipeline of one config; ``owned_data``: the data folders earlier pipelines track (updated)."""
-    cfg = load_config(cfg_path)
+def pipeline(cfg_path: str, cfg: dict, owned_data: set[str]) -> dict:
+    """The pipeline of one config (``cfg``, loaded from ``cfg_path``); ``owned_data``: the data folders
+    earlier pipelines track (updated)."""
     raw = yaml.safe_load(Path(cfg_path).read_text()) or {}
     where = folders(cfg)
-    made = [k for k in products(cfg) if not (k == "data" and where["data"] in owned_data)]
+    kinds = products(cfg)
+    made = [k for k in kinds if not (k == "data" and where["data"] in owned_data)]
     owned_data.add(where["data"])
     studies, with_runs = REPORT_INPUTS[cfg["workflow"]["report"]]
-    reads = {"runs": ["data"], "studies": ["data", *(["runs"] if "runs" in products(cfg) else [])],
+    reads = {"runs": ["data"], "studies": ["data", *(["runs"] if "runs" in kinds else [])],
              "figures": [*(["runs"] if with_runs else []), *(["studies"] if studies else [])]}
     stages = {}
     for kind in made:
@@ -196,10 +197,11 @@ def pipelines(configs: list[str], default: str = DEFAULT_CONFIG) -> dict[Path, s
     owned: set[str] = set()
     for cfg_path in configs:
         cfg_path = Path(os.path.normpath(cfg_path)).as_posix()
-        dest = pipeline_file(load_config(cfg_path), cfg_path == os.path.normpath(default))
+        cfg = load_config(cfg_path)
+        dest = pipeline_file(cfg, cfg_path == os.path.normpath(default))
         if dest in texts:
             raise ConfigError(f"{cfg_path}: name {dest.parent.name!r} is another config's too")
-        texts[dest] = render(dest, cfg_path, pipeline(cfg_path, owned))
+        texts[dest] = render(dest, cfg_path, pipeline(cfg_path, cfg, owned))
     return texts
 
 
