@@ -11,7 +11,7 @@ from mwm.optim.assignments import OptimizerSettings, build_optimizers
 from mwm.optim.dual_ascent import MixedProjector, dual_ascent
 from mwm.optim.manifolds import get_manifold
 from mwm.optim.muon import ManifoldMuon, _split_by_work
-from mwm.optim.solvers import SolverSettings, admm, clip_spectral, scaled_solve, solve, solve_scale
+from mwm.optim.solvers import SolverSettings, admm, clip_spectral, momentum_scale, scaled_solve, solve, solve_scale
 from test_optim import Tiny, loss_of, train
 
 
@@ -435,8 +435,9 @@ def test_scaled_solve_at_scale_one_is_the_plain_solve_bit_for_bit(solver):
     L0 = solve(W, G, "dgram", s).Lambda
     for kw in ({}, {"Lambda0": L0}):
         plain = solve(W, G, "dgram", s, **kw)
-        scaled = scaled_solve(W, G, "dgram", s, torch.ones(3), **kw)
-        assert torch.equal(plain.A, scaled.A) and torch.equal(plain.Lambda, scaled.Lambda)
+        for g in (None, torch.ones(3)):
+            scaled = scaled_solve(W, G, "dgram", s, torch.ones(3), g, **kw)
+            assert torch.equal(plain.A, scaled.A) and torch.equal(plain.Lambda, scaled.Lambda)
 
 
 def test_solve_scale_is_the_dgram_sigma_max_and_one_elsewhere():
@@ -489,6 +490,45 @@ def test_the_papers_solve_loses_the_momentum_as_dgram_weights_grow_and_the_norma
         assert a_norm == pytest.approx(at_one, abs=1e-9)
         assert a_norm > 0.8
         assert a_plain < a_norm - 0.3
+
+
+@pytest.mark.parametrize("solver", ["dual_ascent", "admm"])
+@pytest.mark.parametrize("g", [1e-5, 1e-2, 30.0])
+def test_normalized_solve_does_not_depend_on_the_momentums_scale(solver, g):
+    # msign ignores G's scale, so the problem's A is the same for c G; the normalized solve finds the same A
+    # and a multiplier in c G's units (the paper's solve does not: its absolute step meets Lambda_0 ~ G)
+    W, G = dgram_pair(96, 32, 5.0)
+    s = SolverSettings.defaults(solver=solver, steps=20, normalize=True)
+    unit, scaled = solve(W, G, "dgram", s), solve(W, (g / 1e-3) * G, "dgram", s)
+    assert rel(scaled.A, unit.A) < 1e-10
+    assert rel(scaled.Lambda / (g / 1e-3), unit.Lambda) < 1e-10
+    warm = solve(W, (g / 1e-3) * G, "dgram", s, Lambda0=scaled.Lambda)
+    assert rel(warm.A, solve(W, G, "dgram", s, Lambda0=unit.Lambda).A) < 1e-10
+
+
+def test_momentum_scale_is_the_rms_singular_value_in_the_tall_orientation():
+    _, G = dgram_pair(60, 12, 1.0)
+    rms_sv = float(torch.linalg.svdvals(G).square().mean().sqrt())
+    assert float(momentum_scale(G)) == pytest.approx(rms_sv, rel=1e-12)
+    assert float(momentum_scale(G.mT)) == pytest.approx(rms_sv, rel=1e-12)
+    zero = torch.zeros(2, 8, 4)
+    assert bool((momentum_scale(zero) > 0).all())
+    with pytest.raises(ValueError, match="one positive momentum scale per matrix"):
+        scaled_solve(G, G, "dgram", SolverSettings.defaults(), torch.ones(()), torch.zeros(()))
+
+
+@pytest.mark.parametrize("momentum", [1e-5, 1e-3, 1e-2])
+@pytest.mark.parametrize("scale", [1.0, 10.0, 100.0])
+def test_normalized_solve_keeps_the_momentum_at_any_weight_and_momentum_scale(scale, momentum):
+    # what the mechanism experiment's solver arm needs: within 0.05 of the optimum's alignment in the
+    # paper's 20 iterations and in 10, where the paper's solve loses the momentum at small momentum scales
+    W, G = dgram_pair(192, 64, scale)
+    G = G * (momentum / 1e-3)
+    best = alignment(G, solve(W, G, "dgram", SolverSettings.defaults(solver="admm", steps=500, normalize=True)).A)
+    for steps in (20, 10):
+        assert alignment(G, solve(W, G, "dgram", SolverSettings.defaults(normalize=True, steps=steps)).A) > best - 0.05
+    if scale / momentum >= 1e4:  # where the absolute step overshoots the multiplier most
+        assert alignment(G, solve(W, G, "dgram", SolverSettings.defaults()).A) < best - 0.3
 
 
 def test_a_param_group_from_before_the_normalize_field_keeps_the_papers_solve():

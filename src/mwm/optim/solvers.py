@@ -34,16 +34,18 @@ Both take a warm-start multiplier ``Lambda0`` and a tolerance ``tol`` on
 ``||P(W^T A + A^T W)||_RMS`` (per matrix), and return a
 :class:`~mwm.optim.dual_ascent.DualAscentResult` with the final multiplier.
 
-The scale-normalized solve (``SolverSettings.normalize``, :func:`scaled_solve`): the
-problem depends on ``W`` only through its tangent space, and scaling a DGram weight by
-``c`` keeps that space (and the feasible set of ``A``) but multiplies the multiplier's
-effect ``2 W Lambda`` and the violation ``H`` by ``c`` each, so dual ascent's absolute step
-``alpha (1 - t/T) H`` acts like ``c^2 alpha`` and overshoots as DGram weights grow. Solved on
-``W / s`` and mapped back (``A`` is the same, ``Lambda_W = Lambda_{W/s} / s``), the solve sees
-the scale at which ``alpha`` was set, whatever the weight's. ``s`` is each DGram matrix's
-largest column norm (tall orientation), its ``sigma_max`` on DGram: ``W / s`` has the Stiefel
-scale ``sigma_max = 1``, at the cost of one column-norm pass and no SVD. Other manifolds keep
-``s = 1`` (their column norms are fixed at 1), so the normalized solve is the plain one there.
+The scale-normalized solve (``SolverSettings.normalize``, :func:`scaled_solve`): the problem is
+unchanged by scaling ``W`` (a DGram weight's tangent space, and so the feasible set of ``A``, is that
+of ``c W``) or ``G`` (``msign`` ignores a positive factor), but dual ascent is not. Its multiplier
+starts in ``G``'s units (``-1/4 P(W^T G + G^T W)``) while its step ``alpha (1 - t/T) H`` is absolute,
+and the multiplier acts through ``2 W Lambda``: so the step overshoots like ``c^2 alpha / g`` for a
+weight of scale ``c`` and a momentum of RMS singular value ``g`` (``1e-5`` to ``1e-2`` in training).
+Solved on ``W / s`` and ``G / g`` and mapped back (``A`` is the same, ``Lambda_W = g Lambda / s``),
+the solve sees the unit scales at which ``alpha`` acts as intended, whatever the weight's and the
+momentum's. ``s`` is each DGram matrix's largest column norm (tall orientation), its ``sigma_max``
+on DGram (:func:`solve_scale`; 1 on other manifolds, whose column norms are fixed at 1), and ``g``
+the momentum's ``||G||_F / sqrt(n)`` (:func:`momentum_scale`): one norm pass each, no SVD. At
+``s = g = 1`` it is the plain solve, bit for bit.
 
 :class:`SolverSettings` holds a solve's settings: built once from a config's ``train``
 section (:meth:`SolverSettings.from_train`; the schema is the one home of the defaults,
@@ -65,8 +67,8 @@ from mwm.optim.inner import Tolerance, check_inputs, check_iterations, or_defaul
 from mwm.optim.manifolds import rms, to_tall
 from mwm.optim.msign import DEFAULT_STEPS, check_precision, msign
 
-__all__ = ["SOLVERS", "SolverSettings", "admm", "clip_spectral", "solve", "solve_scale", "scaled_solve",
-           "msign_per_iteration"]
+__all__ = ["SOLVERS", "SolverSettings", "admm", "clip_spectral", "solve", "solve_scale", "momentum_scale",
+           "scaled_solve", "msign_per_iteration"]
 
 SOLVERS = names.SOLVERS
 
@@ -80,7 +82,7 @@ class SolverSettings:
     ``||H||_RMS < tol`` (None: always ``steps``); ``rho``: ADMM's penalty; ``warm_start``: start
     from the previous step's multiplier (the optimizer keeps it); ``msign_steps`` and
     ``precision``: every msign's; ``method``: dual ascent's evaluation order; ``normalize``: solve on
-    ``W / s`` (the scale-normalized solve of the module doc; False: the paper's).
+    ``W / s`` and ``G / g`` (the scale-normalized solve of the module doc; False: the paper's).
     """
 
     solver: str
@@ -247,12 +249,13 @@ def solve(W, G, manifold, settings: SolverSettings, *, Lambda0: torch.Tensor | N
           record_violations: bool = False, snapshots: Iterable[int] = ()) -> DualAscentResult:
     """Run the inner solve ``settings`` describes on ``W``, ``G`` (``Lambda0``: a warm start;
     ``record_violations``, ``snapshots``: as :func:`~mwm.optim.dual_ascent.dual_ascent`); with
-    ``settings.normalize``, on ``W / s`` (:func:`scaled_solve` at :func:`solve_scale`)."""
+    ``settings.normalize``, on ``W / s`` and ``G / g`` (:func:`scaled_solve` at :func:`solve_scale` and
+    :func:`momentum_scale`)."""
     if not isinstance(settings, SolverSettings):
         raise TypeError(f"solve takes a SolverSettings, got {type(settings).__name__}")
     kw = dict(Lambda0=Lambda0, record_violations=record_violations, snapshots=snapshots)
     if settings.normalize:
-        return scaled_solve(W, G, manifold, settings, solve_scale(W, manifold), **kw)
+        return scaled_solve(W, G, manifold, settings, solve_scale(W, manifold), momentum_scale(G), **kw)
     run, _ = _SOLVE[settings.solver]
     return run(W, G, manifold, settings, **kw)
 
@@ -270,21 +273,39 @@ def solve_scale(W: torch.Tensor, manifold) -> torch.Tensor:
     return torch.where(dgram, s, torch.ones_like(s))
 
 
-def scaled_solve(W, G, manifold, settings: SolverSettings, s: torch.Tensor, *,
+def momentum_scale(G: torch.Tensor) -> torch.Tensor:
+    """The momentum's scale ``g`` of the normalized solve, per matrix (shape ``G.shape[:-2]``): its RMS
+    singular value ``||G||_F / sqrt(n)``, ``n`` the width in the tall orientation (a zero momentum: the
+    dtype's smallest normal number, so ``G / g`` stays zero)."""
+    Gt = to_tall(G.float() if G.dtype in (torch.float16, torch.bfloat16) else G)[0]
+    n = Gt.shape[-1]
+    return (Gt.square().sum(dim=(-2, -1)) / n).sqrt().clamp_min(torch.finfo(Gt.dtype).tiny)
+
+
+def _per_matrix(x: torch.Tensor, W: torch.Tensor, what: str) -> torch.Tensor:
+    x = x.to(device=W.device, dtype=torch.float32 if W.dtype in (torch.float16, torch.bfloat16) else W.dtype)
+    if x.shape != W.shape[:-2] or not bool((x > 0).all()):
+        raise ValueError(f"scaled_solve needs one positive {what} per matrix (shape {tuple(W.shape[:-2])}), "
+                         f"got shape {tuple(x.shape)}")
+    return x[..., None, None]
+
+
+def scaled_solve(W, G, manifold, settings: SolverSettings, s: torch.Tensor, g: torch.Tensor | None = None, *,
                  Lambda0: torch.Tensor | None = None, record_violations: bool = False,
                  snapshots: Iterable[int] = ()) -> DualAscentResult:
-    """The inner solve of ``settings`` on ``W / s`` (``s``: one positive scale per matrix, shape
-    ``W.shape[:-2]``), mapped back: ``A`` solves the same problem (the tangent space of ``W / s`` is
-    ``W``'s), the multiplier is ``Lambda / s`` in ``W``'s units (and a warm start ``Lambda0`` enters
-    as ``s Lambda0``). Violations and the tolerance are those of ``W / s``. At ``s = 1`` it is the
+    """The inner solve of ``settings`` on ``W / s`` and ``G / g`` (one positive scale per matrix each,
+    shape ``W.shape[:-2]``; ``g`` None: ``G`` as it is), mapped back: ``A`` solves the same problem (the
+    tangent space of ``W / s`` is ``W``'s, and msign ignores ``G``'s scale), the multiplier is
+    ``g Lambda / s`` in ``W``'s and ``G``'s units (and a warm start ``Lambda0`` enters as
+    ``s Lambda0 / g``). Violations and the tolerance are those of ``W / s``. At ``s = g = 1`` it is the
     plain solve, bit for bit."""
-    s = s.to(device=W.device, dtype=torch.float32 if W.dtype in (torch.float16, torch.bfloat16) else W.dtype)
-    if s.shape != W.shape[:-2] or not bool((s > 0).all()):
-        raise ValueError(f"scaled_solve needs one positive scale per matrix (shape {tuple(W.shape[:-2])}), "
-                         f"got shape {tuple(s.shape)}")
-    s4 = s[..., None, None]
+    s4 = _per_matrix(s, W, "scale")
+    g4 = None if g is None else _per_matrix(g, W, "momentum scale")
     run, _ = _SOLVE[settings.solver]
-    res = run(W / s4, G, manifold, settings, Lambda0=None if Lambda0 is None else Lambda0 * s4,
-              record_violations=record_violations, snapshots=snapshots)
-    res.Lambda = res.Lambda / s4
+    Gs = G if g4 is None else G / g4
+    if Lambda0 is not None:
+        Lambda0 = Lambda0 * s4 if g4 is None else Lambda0 * s4 / g4
+    res = run(W / s4, Gs, manifold, settings, Lambda0=Lambda0, record_violations=record_violations,
+              snapshots=snapshots)
+    res.Lambda = res.Lambda / s4 if g4 is None else res.Lambda * g4 / s4
     return res
