@@ -30,7 +30,7 @@ __all__ = ["VERSION", "Change", "HISTORY", "FIRST_VERSIONED", "commit_of", "reco
 
 #: The numerics version of this code. Bump it, with an entry in :data:`HISTORY`, in
 #: ``docs/findings.md`` (Numerics changes) and a rewritten golden file, on a numerics change.
-VERSION = 5
+VERSION = 6
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,10 @@ HISTORY = (
            "runs with a DGram matrix in a bank where some but not all Grams are wider than 1e10 (none logged in "
            "the default config; 4.7% of logged DGram matrices in config/mechanism.yaml), at float64 rounding where "
            "the whole bank was wide; the studies that retract such banks"),
+    Change(6, ("649ef12",), "the scale-normalized inner solve (train.solver_normalize) also divides the momentum by "
+           "its RMS singular value and maps the multiplier back (it solved on W / sigma_max only)",
+           "runs with train.solver_normalize (config/mechanism.yaml's -norm arms); the solver study's -norm "
+           "candidates and its converged reference at float rounding"),
 )
 
 #: The first change after which a run's commit alone no longer tells its numerics.

@@ -91,6 +91,18 @@ def _solve(kind, manifold, dtype, seed=21, spread=1.0, m=24, n=8):
     return lambda: fn(W, G, manifold).A
 
 
+def _normalized_solve(kind, manifold, dtype, seed=25, m=24, n=8):
+    """The scale-normalized solve on a grown DGram weight (column norms 30 to 300) and a training-sized
+    momentum (entries ~1e-3), where it differs most from the plain solve."""
+    from mwm.optim.solvers import SolverSettings, solve
+
+    W = _on(manifold, _normal(seed, m, n, dtype=dtype))
+    W = _spread_columns(W, 10.0) * 30.0 if manifold == "dgram" else W
+    G = 1e-3 * _normal(seed + 1, m, n, dtype=dtype)
+    s = SolverSettings.defaults(solver=kind, normalize=True)
+    return lambda: solve(W, G, manifold, s).A
+
+
 def _retract(manifold, retraction, dtype, precision="float32", seed=31, singular=False):
     from mwm.optim.manifolds import get_manifold
 
@@ -168,6 +180,9 @@ def _cases() -> dict[str, tuple[str, Callable[[], torch.Tensor]]]:
             for dtype, label in ((torch.float32, "float32"), (torch.float64, "float64")):
                 cases[f"{kind}/{mf}/{label}"] = (label, _solve(kind, mf, dtype))
         cases[f"{kind}/dgram/spread10"] = ("float32", _solve(kind, "dgram", torch.float32, spread=10.0))
+        for mf in ("stiefel", "dgram"):
+            for dtype, label in ((torch.float32, "float32"), (torch.float64, "float64")):
+                cases[f"{kind}/{mf}/normalized/{label}"] = (label, _normalized_solve(kind, mf, dtype))
     for mf, retraction in (("stiefel", "paper"), ("dgram", "paper"), ("dgram", "colnorm"), ("oblique", "paper")):
         for dtype, label in ((torch.float32, "float32"), (torch.float64, "float64")):
             cases[f"retract/{mf}-{retraction}/{label}"] = (label, _retract(mf, retraction, dtype))
