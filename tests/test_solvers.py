@@ -251,8 +251,10 @@ def test_capture_sequence_and_solver_study(fake_data, tmp_path):
             plain, norm = by[cand, man], by[cand + "-norm", man]
             assert norm["normalize"] == "true" and plain["normalize"] == "false"
             assert 0 < float(plain["align_conv"]) <= 1 + 1e-6 and -1 <= float(plain["align"]) <= 1 + 1e-6
-            if man == "stiefel":  # scale 1: the normalized solve is the plain one, bit for bit
-                assert plain["e_A_conv"] == norm["e_A_conv"] and plain["align"] == norm["align"]
+            assert 0 < float(norm["align_conv"]) <= 1 + 1e-6 and -1 <= float(norm["align"]) <= 1 + 1e-6
+            # the two solves differ (Stiefel too: its weight scale is 1 but the momentum's is not), yet the
+            # converged reference they are held against is the same problem
+            assert norm["align_conv"] == plain["align_conv"]
     # the report draws the Pareto figure and the table from these files
     import json
 

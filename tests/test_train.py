@@ -61,6 +61,15 @@ def test_run_writes_documented_outputs(tmp_path):
     assert [r[0] for r in sol] == [str(s) for s in (0, 4, 8) for _ in range(8)]
     assert {r[1] for r in sol} == {"stiefel", "dgram"}
     assert all(-1 <= float(r[2]) <= 1 + 1e-5 and 0 < float(r[3]) <= 1 + 1e-5 and float(r[4]) < 0.05 for r in sol)
+    # both manipulation checks, read from those logs (a 12-step run: its evaluations after step 0)
+    from mwm.train.manipulation import run_checks
+    from mwm.io import read_csv_rows
+
+    man = s["manipulation"]
+    assert man == json.loads(json.dumps(run_checks({}, read_csv_rows(d / "solver.csv"),
+                                                   read_csv_rows(d / "attention.csv"))))
+    assert man["solver"]["evaluations"] == 2 and man["saturation"]["evaluations"] == 3
+    assert isinstance(man["solver"]["passed"], bool) and isinstance(man["saturation"]["passed"], bool)
 
 
 @pytest.mark.slow

@@ -59,6 +59,7 @@ from mwm.train.launch import accum_per_rank, launch, ranks_per_run, worker_exit,
 from mwm.train.model import GPT, SIZES, GPTConfig
 from mwm.config.names import RETRACTIONS, parse_variant, uses_dgram, variant_name
 from mwm.optim.quality import QUALITY_COLUMNS, quality_rows
+from mwm.train.manipulation import run_checks
 from mwm.workflow.owner import claim
 from mwm.workflow.paths import check_out_root, inside
 from mwm.workflow.runs import (HAND_FOLDER, RESULTS_ROOT, RunFolder, capture_window, check_grid, config_run_identity,
@@ -110,7 +111,9 @@ def build_model_config(cfg: dict, data_vocab: int) -> GPTConfig:
         vocab = data_vocab
     elif vocab < data_vocab:
         raise ConfigError(f"model.vocab_size={vocab} is smaller than the dataset's vocab size {data_vocab}")
-    return GPTConfig(vocab_size=vocab, block_size=m["block_size"], bias=m["bias"], dropout=m["dropout"], **shape)
+    # train.attn_qk_scale changes the attention forward (the saturation-only intervention); absent: None
+    return GPTConfig(vocab_size=vocab, block_size=m["block_size"], bias=m["bias"], dropout=m["dropout"],
+                     qk_scale=cfg["train"].get("attn_qk_scale"), **shape)
 
 
 class Sampler:
@@ -640,11 +643,19 @@ class Run:
             "seed": self.seed, "config": self.cfg["name"], "config_hash": config_hash(self._identity()),
             "identity": self._identity(),
             "code_version": code_version(), "device": str(self.device), "world_size": self.world,
-            "grad_accum_per_rank": self.accum,
+            "grad_accum_per_rank": self.accum, "manipulation": self._manipulation(),
         }
         if error:
             summary["error"] = error
         atomic_write_json(self.dir / "summary.json", summary)
+
+    def _manipulation(self) -> dict:
+        """Both manipulation checks of this run, from its own logs (:mod:`mwm.train.manipulation`)."""
+        from mwm.io import read_csv_rows
+
+        logs = {k: read_csv_rows(self.dir / f"{k}.csv") if (self.dir / f"{k}.csv").exists() else []
+                for k in ("solver", "attention")}
+        return run_checks(self.tc, logs["solver"], logs["attention"])
 
     def _eval_rows(self):
         from mwm.io import read_csv_rows
