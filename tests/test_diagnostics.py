@@ -19,3 +19,25 @@ def test_jacobian_norm_matches_explicit_matrix_including_saturated_rows():
     # uniform attention over n keys: ||J||_F^2 = (n - 1) / n^2
     uniform = softmax_jacobian_fro(torch.full((1, 4), 0.25, dtype=torch.float64)).item()
     assert abs(uniform**2 - 3 / 16) < 1e-15
+
+
+def test_attention_stats_measure_the_qk_scaled_model_and_do_not_move_with_the_weights_scale():
+    import pytest
+
+    from mwm.train.diagnostics import attention_stats
+    from mwm.train.model import GPT, GPTConfig
+
+    c = 4.0
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=32, block_size=8, n_layer=2, n_head=2, n_embd=16, qk_scale=c))
+    probe = torch.randint(0, 32, (4, 8), generator=torch.Generator().manual_seed(1))
+    before = attention_stats(model, probe, 0)
+    assert all(r["logit_range_max"] <= 2 * c * (1 + 1e-6) for r in before)
+    with torch.no_grad():
+        for block in model.transformer.h:
+            block.attn.c_attn.weight[:32] *= 100.0  # W_Q and W_K
+    after = attention_stats(model, probe, 1)
+    for a, b in zip(before, after):
+        assert b["entropy_mean"] == pytest.approx(a["entropy_mean"], abs=1e-5)
+        assert b["logit_range_max"] == pytest.approx(a["logit_range_max"], abs=1e-4)
+        assert b["qk_spectral_norm"] == pytest.approx(1e4 * a["qk_spectral_norm"], rel=1e-6)  # the weights did grow

@@ -111,6 +111,8 @@ def test_the_sweep_configs_expand_as_documented():
     ({"mlp_sigma_cap": 4.0}, None),
     ({"solver_normalize": "all"}, None),
     ({"solver_normalize": "attn", "attn_sigma_cap": 4.0}, None),
+    ({"attn_qk_scale": 4.0}, None),
+    ({"attn_qk_scale": None}, "one or more of"),
     ({}, "one or more of"),
     ({"solver_normalize": None}, "one or more of"),
     ({"solver": "admm"}, "nothing else"),
@@ -135,4 +137,36 @@ def test_an_intervention_on_a_module_with_no_dgram_matrix_is_refused():
     cfg["grid"]["assignments"].append("hetero-inv")
     cfg["grid"]["intervention"]["hetero-inv-mlpcap"] = "hetero-inv"
     with pytest.raises(ConfigError, match="no MLP matrix on DGram"):
+        check_config(cfg, "sweep.yaml")
+
+
+def test_attn_qk_scale_has_no_default_accepts_null_or_a_positive_number_and_is_labelled():
+    cfg = load_config(ROOT / "config" / "config.yaml")
+    assert "attn_qk_scale" not in cfg["train"]  # existing runs keep their identity
+    for ok in (None, 4, 8.0, 0.5):
+        assert validate({"name": "t", "train": {"attn_qk_scale": ok}})["train"]["attn_qk_scale"] == ok
+    for bad in (0, 0.0, -4.0, "4"):
+        with pytest.raises(ConfigError, match="train.attn_qk_scale"):
+            validate({"name": "t", "train": {"attn_qk_scale": bad}})
+    cfg = sweep_cfg()
+    cfg["grid"]["train_overrides"]["dgram-capped"] = {"attn_qk_scale": 4.0}
+    check_config(cfg, "sweep.yaml")
+    assert run_config(cfg, "dgram-capped-eta0.64")["train"]["attn_qk_scale"] == 4.0
+    assert "attn_qk_scale" not in run_config(cfg, "dgram-eta0.64")["train"]
+    assert intervention_label(cfg["grid"], "dgram-capped") == "attention logits on unit queries and keys at scale 4"
+    cfg["grid"]["train_overrides"]["dgram-capped"] = {"attn_qk_scale": -1.0}
+    with pytest.raises(ConfigError, match="grid.train_overrides.dgram-capped -> train.attn_qk_scale"):
+        run_config(cfg, "dgram-capped-eta0.64")  # refused where the overrides merge too
+
+
+def test_attn_qk_scale_changes_the_model_so_it_needs_no_dgram_attention():
+    """The other keys act through the DGram update; the logit scale acts on every model."""
+    cfg = sweep_cfg()
+    cfg["grid"]["assignments"] += ["hetero", "hetero-qk"]
+    cfg["grid"]["custom"]["hetero-qk"] = {"*.attn.*": "stiefel", "*.mlp.*": "dgram"}
+    cfg["grid"]["train_overrides"]["hetero-qk"] = {"attn_qk_scale": 4.0}
+    cfg["grid"]["intervention"]["hetero-qk"] = "hetero"
+    check_config(cfg, "sweep.yaml")
+    cfg["grid"]["train_overrides"]["hetero-qk"] = {"attn_sigma_cap": 4.0}
+    with pytest.raises(ConfigError, match="no attention matrix on DGram"):
         check_config(cfg, "sweep.yaml")

@@ -3,7 +3,8 @@
 
 Training attention uses PyTorch's scaled-dot-product kernel;
 :meth:`GPT.attention_logits` recomputes the pre-softmax logits of every layer
-explicitly for the attention diagnostics.
+explicitly for the attention diagnostics. With ``qk_scale`` set, attention scores
+per-head unit queries and keys at that fixed scale (:class:`CausalSelfAttention`).
 """
 
 from __future__ import annotations
@@ -32,9 +33,14 @@ class GPTConfig:
     n_embd: int = 768
     dropout: float = 0.0
     bias: bool = False
+    #: None: the standard logits q.k / sqrt(d_head). c: c * cos(q, k) on per-head unit q and k
+    #: (``train.attn_qk_scale``), bounded in [-c, c] whatever the weights' scale.
+    qk_scale: float | None = None
 
     def __post_init__(self):
         check_dims(self.n_layer, self.n_head, self.n_embd, self.vocab_size, self.block_size)
+        if self.qk_scale is not None and not (math.isfinite(self.qk_scale) and self.qk_scale > 0):
+            raise ValueError(f"qk_scale must be a finite number > 0 or None, got {self.qk_scale!r}")
 
 
 class LayerNorm(nn.Module):
@@ -50,9 +56,18 @@ class LayerNorm(nn.Module):
 
 
 class CausalSelfAttention(nn.Module):
+    """Causal multi-head attention. With ``cfg.qk_scale = c`` its logits are ``c * (q/||q||).(k/||k||)``
+    per head, no learned gain: bounded in [-c, c], so the logits cannot grow with the weights' singular
+    values (softmax saturation), while the weights and the optimizer stay as they are. The choice of c
+    and the entropy floor it implies: the schema's ``train.attn_qk_scale``."""
+
+    #: Floor of ||q||, ||k|| in the normalization, so a zero vector gives zero logits, not NaN.
+    QK_EPS = 1e-6
+
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.n_head, self.n_embd = cfg.n_head, cfg.n_embd
+        self.qk_scale = cfg.qk_scale
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.dropout = cfg.dropout
@@ -64,19 +79,30 @@ class CausalSelfAttention(nn.Module):
         shape = (B, T, self.n_head, C // self.n_head)
         return [t.view(shape).transpose(1, 2) for t in (q, k, v)]  # (B, nh, T, hs)
 
+    def unit_qk(self, q, k):
+        """q and k normalized to unit L2 norm over the head dimension (the ``qk_scale`` path)."""
+        return F.normalize(q, dim=-1, eps=self.QK_EPS), F.normalize(k, dim=-1, eps=self.QK_EPS)
+
     def forward(self, x):
         B, T, C = x.shape
         q, k, v = self.qkv(x)
-        y = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
-        )
+        dropout_p = self.dropout if self.training else 0.0
+        if self.qk_scale is None:  # the standard path, literally as before
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+        else:
+            q, k = self.unit_qk(q, k)
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=self.qk_scale)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
     def logits(self, x):
-        """Pre-softmax attention logits ``q k^T / sqrt(d_k)``, (B, nh, T, T), unmasked."""
+        """Pre-softmax attention logits, (B, nh, T, T), unmasked: those the forward's softmax takes,
+        ``q k^T / sqrt(d_k)``, or ``qk_scale * q_hat k_hat^T`` on unit q and k."""
         q, k, _ = self.qkv(x)
-        return (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+        if self.qk_scale is None:
+            return (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+        q, k = self.unit_qk(q, k)
+        return self.qk_scale * (q @ k.transpose(-2, -1))
 
 
 class MLP(nn.Module):
@@ -164,4 +190,9 @@ class GPT(nn.Module):
         return out
 
     def export_config(self) -> dict:
-        return asdict(self.config)
+        """The config as a dict (``GPTConfig(**d)`` rebuilds it); ``qk_scale`` only when set, so a
+        standard model's export (summary.json's ``model``) is what it was before the field existed."""
+        out = asdict(self.config)
+        if out["qk_scale"] is None:
+            del out["qk_scale"]
+        return out

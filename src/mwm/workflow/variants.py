@@ -1,4 +1,4 @@
-"""Learning-rate sweeps (``grid.sweep``) and the attention spectral-cap intervention (``grid.intervention``).
+"""Learning-rate sweeps (``grid.sweep``) and the mechanism interventions (``grid.intervention``).
 
 A sweep trains every assignment of the grid at each Muon step size (eta, ``train.muon_lr``) of
 ``grid.sweep.muon_lr``. The run of assignment ``a`` at rate ``r`` is the variant ``a-eta<r>``
@@ -12,7 +12,9 @@ for every assignment; it must be one of the sweep's rates.
 the baseline's manifolds with one or more of :data:`INTERVENTION_KEYS` set (its only
 ``grid.train_overrides`` keys): ``attn_sigma_cap`` / ``mlp_sigma_cap`` cap the singular values of the
 DGram attention (MLP) weights after every retraction (:func:`mwm.optim.manifolds.cap_column_norms`),
-``solver_normalize`` solves their inner problem scale-normalized (:func:`mwm.optim.solvers.scaled_solve`).
+``solver_normalize`` solves their inner problem scale-normalized (:func:`mwm.optim.solvers.scaled_solve`),
+``attn_qk_scale`` computes attention logits on unit queries and keys at a fixed scale (the
+saturation-only arm: the model's forward changes, not its weights or the optimizer).
 The sweep report judges whether the attention cap restores stability at the baseline's first unstable
 rate; the mechanism report (:mod:`mwm.report.mechanism`) judges each intervention arm.
 
@@ -26,13 +28,17 @@ from mwm.config.layout import hidden_matrix_names, match_patterns, model_shape
 from mwm.config.names import ATTN_KEYS, NAMED_ASSIGNMENTS, NORMALIZE_SCOPES
 
 __all__ = ["assignment_spec", "ETA_TAG", "rate_label", "sweep_variant", "sweep_points", "sweep_variants", "sweep_overrides",
-           "check_sweep", "INTERVENTION_KEYS", "SWEEP_REPORTS", "intervention_keys", "intervention_label"]
+           "check_sweep", "INTERVENTION_KEYS", "MODEL_INTERVENTION_KEYS", "SWEEP_REPORTS", "intervention_keys",
+           "intervention_label"]
 
 #: What joins an assignment and its rate in a sweep variant's name.
 ETA_TAG = "-eta"
 #: The train settings an intervention candidate may change (its grid.train_overrides), with the module
 #: kinds each acts on (``solver_normalize``: those its scope names, :data:`mwm.config.names.NORMALIZE_SCOPES`).
-INTERVENTION_KEYS = ("attn_sigma_cap", "mlp_sigma_cap", "solver_normalize")
+INTERVENTION_KEYS = ("attn_sigma_cap", "mlp_sigma_cap", "solver_normalize", "attn_qk_scale")
+#: The intervention keys that change the model's forward rather than the DGram weights' update: they act
+#: whatever manifolds the candidate trains, so they need no DGram matrix.
+MODEL_INTERVENTION_KEYS = ("attn_qk_scale",)
 #: The reports (``workflow.report``) of a config with a sweep; a sweep needs one of them.
 SWEEP_REPORTS = ("sweep", "mechanism")
 
@@ -98,7 +104,8 @@ def intervention_keys(grid: dict, cand: str) -> dict:
 
 
 def intervention_label(grid: dict, cand: str) -> str:
-    """What an intervention candidate changes, in words (``attention capped at 4``)."""
+    """What an intervention candidate changes, in words (``attention capped at 4``, ``attention logits on
+    unit queries and keys at scale 4``)."""
     keys = intervention_keys(grid, cand)
     words = []
     for kind, label in (("attn", "attention"), ("mlp", "MLP")):
@@ -107,11 +114,13 @@ def intervention_label(grid: dict, cand: str) -> str:
     if "solver_normalize" in keys:
         scope = keys["solver_normalize"]
         words.append("normalized solve" + ("" if scope == "all" else f" ({'attention' if scope == 'attn' else 'MLP'})"))
+    if "attn_qk_scale" in keys:
+        words.append(f"attention logits on unit queries and keys at scale {keys['attn_qk_scale']:g}")
     return ", ".join(words)
 
 
 def _modules_of(key: str, value) -> tuple[str, ...]:
-
+    """The module kinds (attn, mlp) an intervention setting acts on: its key's prefix, or the scope's."""
     return NORMALIZE_SCOPES[value] if key == "solver_normalize" else (key.split("_", 1)[0],)
 
 
@@ -120,7 +129,7 @@ def check_sweep(cfg: dict, where: str) -> None:
     rate (``train.muon_lr``) not among the rates, sweep variant names that clash with assignments,
     the retraction ablation or a solver comparison beside a sweep (their report is the full one),
     and an intervention whose pair is not in the grid, manifolds differ, whose overrides are not
-    intervention settings alone, or whose setting acts on no DGram matrix."""
+    intervention settings alone, or whose optimizer-side setting acts on no DGram matrix."""
 
     grid = cfg["grid"]
     sweep = grid.get("sweep")
@@ -164,6 +173,8 @@ def check_sweep(cfg: dict, where: str) -> None:
             raise ConfigError(f"{where}: grid.intervention.{cand}: its grid.train_overrides must set one or more of "
                               f"{', '.join(INTERVENTION_KEYS)} and nothing else (got {over!r})")
         for key, value in over.items():
+            if key in MODEL_INTERVENTION_KEYS:
+                continue
             kinds = _modules_of(key, value)
             if not any(m == "dgram" and any(f".{k}." in n for k in kinds) for n, m in got.items()):
                 words = "/".join("attention" if k == "attn" else "MLP" for k in kinds)
