@@ -24,7 +24,10 @@ result falls:
    ``test`` (an experiment's outcome: reproduced iff it came out as claimed, else
    "not reproduced"), ``restore`` (an intervention's share of the failed runs it
    restores, against :data:`RESTORE_SHARE`), ``cause`` (the mechanism experiment's
-   verdict from its contrasts: one of :data:`CAUSE_VERDICTS`).
+   verdict from its contrasts: one of :data:`CAUSE_VERDICTS`), and the second mechanism
+   experiment's ``share_ci`` (a share against 0.5 by its Clopper-Pearson interval),
+   ``restore_ci`` (a contrast's outcome, :func:`mech2_outcome`) and ``cause_outcomes``
+   (the cause from two such outcomes).
 
 Rows beyond the paper (``sweep.*``) answer its stated limitations: one learning rate
 for every assignment, and no test of the mechanism; rebuilt by ``config/sweep.yaml``.
@@ -33,6 +36,18 @@ does DGram attention fail through softmax saturation (removed by capping attenti
 singular values) or through an inner solve that loses the momentum as DGram weights grow
 (removed by the scale-normalized solve)? Their rules, thresholds and the experiment's
 arms were committed before its first run.
+
+The ``mech2.*`` rows are the second pre-registered experiment (``config/mechanism2.yaml``),
+asked of each DGram-attention baseline on its own (:data:`MECH2_BASELINES`) with exact
+binomial statistics instead of fixed shares: over the (rate, seed) cells where the plain arm
+failed, does a fixed inner solve (``solver``; on attention only, ``solver_attn``, secondary) or
+attention on unit-norm queries and keys at a fixed scale (``saturation``) make it train? A
+cell counts only where the intervention's manipulation check passed; a contrast is "not
+tested" when it failed or is unknown in more than :data:`CHECK_SHARE` of them. The share
+restored is judged by its Clopper-Pearson interval against :data:`RESTORE_NULL`, and the four
+primary contrasts (:data:`MECH2_PRIMARY` x baselines) also by Holm's step-down over those
+tested (:func:`mech2_primary_decisions`); the report passes :func:`mech2_values` to
+:func:`judge`. Harm (the intervention failing where the plain arm trained) is counted and shown.
 
 Sections: 2 "Scaling the dual ascent to 768x768", 3 "Retraction absorbs dual ascent
 error", 4 "Experiments: five manifold assignments on GPT-2", 5 "Attention wants
@@ -51,14 +66,20 @@ __all__ = ["VERDICTS", "NC", "TOO_FEW", "Rule", "Claim", "CLAIMS", "claim", "jud
            "paper_fit_alpha", "paper_fit_label", "GELU_BOUND", "ALPHA_FIT", "LOSSES", "LOSS_ORDER", "ONSETS",
            "STABLE_UNTIL", "COSTS", "SIGMA_STEPS", "ABSORB_EA", "ABSORB_EW_MAX", "UNRESOLVED", "DGRAM_ATTENTION",
            "STIEFEL_ATTENTION", "SHARED_RATE_FACTOR", "FAIL_MARGIN", "RESTORE_SHARE", "MIN_FAILED_CELLS", "FAIL_SHARE",
-           "CAUSE_VERDICTS", "HETEROINV_OSCILLATION", "NONE_MLP_PEAK", "MSIGN_OVERHEAD"]
+           "CAUSE_VERDICTS", "HETEROINV_OSCILLATION", "NONE_MLP_PEAK", "MSIGN_OVERHEAD", "NOT_TESTED",
+           "clopper_pearson", "binomial_p", "holm", "RESTORE_NULL", "CI_LEVEL", "FAIL_MARGINS_SENSITIVITY",
+           "CHECK_SHARE", "MECH2_BASELINES", "MECH2_PRIMARY", "MECH2_SECONDARY", "MECH2_KINDS", "MECH2_RATES",
+           "MECH2_OUTCOMES", "mech2_contrast", "mech2_outcome", "mech2_primary_decisions", "mech2_values"]
 
 NC = "not comparable at this scale"
 TOO_FEW = "too few seeds"
 UNRESOLVED = "not resolved"
 #: The mechanism experiment's verdicts (rule kind ``cause``), besides "not resolved".
 CAUSE_VERDICTS = ("saturation supported", "solver supported", "both supported", "neither supported")
-VERDICTS = ("reproduced", "not reproduced", TOO_FEW, NC, "contradicted by an audit", UNRESOLVED, *CAUSE_VERDICTS)
+#: The second mechanism experiment's verdict for a contrast whose manipulation check did not hold.
+NOT_TESTED = "not tested"
+VERDICTS = ("reproduced", "not reproduced", TOO_FEW, NC, "contradicted by an audit", UNRESOLVED, *CAUSE_VERDICTS,
+            NOT_TESTED)
 
 #: Section 2: alpha_opt(n) ~ 0.003 n^0.67 over n >= 32, r^2 = 0.74.
 ALPHA_FIT = {"prefactor": 0.003, "exponent": 0.67, "r2": 0.74, "min_n": 32}
@@ -106,6 +127,30 @@ MIN_FAILED_CELLS = 4
 #: runs must fail for "reproduced".
 FAIL_SHARE = 0.5
 
+# The second mechanism experiment (config/mechanism2.yaml; fixed before its first run). A run failed by the
+# FAIL_MARGIN rule above; 0.3 and 1.0 only feed a sensitivity table, never a verdict.
+FAIL_MARGINS_SENSITIVITY = (0.3, FAIL_MARGIN, 1.0)
+#: Each baseline is its own experiment: All DGram, and Hetero-inv (DGram attention + Stiefel MLP).
+MECH2_BASELINES = ("dgram", "hetero-inv")
+#: The interventions: a fixed inner solve on every constrained matrix, on attention only (secondary), and
+#: attention logits from unit-norm queries and keys at a fixed scale (no softmax saturation, weights and solve
+#: untouched).
+MECH2_KINDS = ("solver", "solver_attn", "saturation")
+#: The Holm family: these kinds x MECH2_BASELINES (four contrasts); the others are judged at CI_LEVEL alone.
+MECH2_PRIMARY = ("solver", "saturation")
+MECH2_SECONDARY = ("solver_attn",)
+#: The step sizes of its (rate, seed) cells; mech2.fails reads the largest.
+MECH2_RATES = (2.56, 5.12)
+#: The share restored is tested against this (and mech2.fails' failed share against FAIL_SHARE).
+RESTORE_NULL = 0.5
+#: Two-sided Clopper-Pearson intervals at this level; 1 - CI_LEVEL is the Holm family's alpha.
+CI_LEVEL = 0.95
+#: A contrast is "not tested" when the intervention's manipulation check failed or is unknown in more than this
+#: share of the cells where its baseline's plain arm failed.
+CHECK_SHARE = 0.5
+#: A contrast's outcome (mech2_outcome), as the cause rows read it.
+MECH2_OUTCOMES = ("restores", "does not restore", UNRESOLVED, NOT_TESTED)
+
 
 def paper_fit_alpha(n: float) -> float:
     """The paper's own fit ``0.003 n^0.67`` at ``n``."""
@@ -117,9 +162,93 @@ def paper_fit_label() -> str:
     return f"{ALPHA_FIT['prefactor']:g}n^{ALPHA_FIT['exponent']:g}"
 
 
+def _binom_cdf(k: int, n: int, p: float) -> float:
+    """P(X <= k) under Binomial(n, p), summed exactly term by term."""
+    if k < 0:
+        return 0.0
+    if k >= n:
+        return 1.0
+    return min(1.0, math.fsum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k + 1)))
+
+
+def _binom_sf(k: int, n: int, p: float) -> float:
+    """P(X >= k) under Binomial(n, p)."""
+    if k <= 0:
+        return 1.0
+    if k > n:
+        return 0.0
+    return min(1.0, math.fsum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k, n + 1)))
+
+
+def _check_kn(k: int, n: int) -> None:
+    if n < 1 or not 0 <= k <= n:
+        raise ValueError(f"binomial count k={k} of n={n}: needs n >= 1 and 0 <= k <= n")
+
+
+def _bisect(f, target: float) -> float:
+    """The p in [0, 1] where the increasing ``f`` crosses ``target``."""
+    a, b = 0.0, 1.0
+    for _ in range(200):
+        m = (a + b) / 2
+        if f(m) < target:
+            a = m
+        else:
+            b = m
+        if b - a < 1e-15:
+            break
+    return (a + b) / 2
+
+
+def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """The exact two-sided Clopper-Pearson interval of a binomial share ``k / n``: ``lo`` solves
+    P(X >= k | lo) = (1 - level) / 2 (0 when k = 0), ``hi`` solves P(X <= k | hi) = (1 - level) / 2 (1 when
+    k = n). Exact, so its coverage is at least ``level`` at every n, small ones included."""
+    _check_kn(k, n)
+    if not 0 < level < 1:
+        raise ValueError(f"level {level} outside (0, 1)")
+    tail = (1 - level) / 2
+    lo = 0.0 if k == 0 else _bisect(lambda p: _binom_sf(k, n, p), tail)
+    hi = 1.0 if k == n else _bisect(lambda p: -_binom_cdf(k, n, p), -tail)
+    return lo, hi
+
+
+def binomial_p(k: int, n: int, p0: float = 0.5) -> float:
+    """The exact two-sided p-value of ``k`` of ``n`` under Binomial(n, p0): twice the smaller tail, at most 1.
+    Dual to :func:`clopper_pearson`: p < alpha iff the (1 - alpha) interval excludes ``p0``."""
+    _check_kn(k, n)
+    if not 0 <= p0 <= 1:
+        raise ValueError(f"p0 {p0} outside [0, 1]")
+    return min(1.0, 2 * min(_binom_sf(k, n, p0), _binom_cdf(k, n, p0)))
+
+
+def holm(pvalues: Mapping[str, float], alpha: float = 0.05) -> dict[str, bool]:
+    """Holm's step-down: which hypotheses are rejected at family-wise error ``alpha``. The i-th smallest of m
+    p-values is rejected iff it and every smaller one is <= alpha / (m - i + 1)."""
+    for key, p in pvalues.items():
+        if not 0 <= p <= 1:
+            raise ValueError(f"p-value of {key!r} is {p}, outside [0, 1]")
+    order = sorted(pvalues, key=lambda key: pvalues[key])
+    out = {key: False for key in pvalues}
+    for i, key in enumerate(order):
+        if pvalues[key] > alpha / (len(order) - i):
+            break
+        out[key] = True
+    return out
+
+
+def _holm_adjusted(pvalues: Mapping[str, float]) -> dict[str, float]:
+    """Holm-adjusted p-values: :func:`holm` rejects a hypothesis at alpha iff its adjusted value is <= alpha."""
+    order = sorted(pvalues, key=lambda key: pvalues[key])
+    out, running = {}, 0.0
+    for i, key in enumerate(order):
+        running = max(running, min(1.0, (len(order) - i) * pvalues[key]))
+        out[key] = running
+    return out
+
+
 @dataclass(frozen=True)
 class Rule:
-    kind: str  # window | audit | order | edge | test | restore | cause
+    kind: str  # window | audit | order | edge | test | restore | cause | share_ci | restore_ci | cause_outcomes
     lo: float | None = None
     hi: float | None = None
     min_seeds: int = 1
@@ -162,7 +291,69 @@ _P = "config/paper.yaml (GPT-2 small, OpenWebText, 50k steps)"
 _L = "config/long.yaml (or paper scale)"
 _S = "config/sweep.yaml (a learning-rate sweep, >= 3 seeds)"
 _M = "config/mechanism.yaml (the pre-registered causal experiment, >= 6 seeds)"
+_M2 = "config/mechanism2.yaml (the second pre-registered mechanism experiment, 12 seeds per baseline)"
 _ABS = "config/config.yaml or paper.yaml (the paper's absorption protocol: 200 reference iterations, T = 20, T = 5 vs 100)"
+
+_MECH2_LABEL = {"dgram": "All DGram", "hetero-inv": "Hetero-inv (DGram attention, Stiefel MLP)"}
+_MECH2_ARM = {"solver": "a fixed inner solve on every constrained matrix",
+              "solver_attn": "a fixed inner solve on attention only",
+              "saturation": "attention logits from unit-norm queries and keys at a fixed scale, weights and "
+                            "inner solve untouched"}
+_MECH2_FAILED = (f"failed: not completed, or final val loss > the worse of All Stiefel / Hetero at the same rate and "
+                 f"seed + {FAIL_MARGIN:g} nats")
+
+
+def _mech2_restore_text(b: str, kind: str) -> str:
+    cells = (f"over the (rate, seed) cells at rates {' and '.join(f'{r:g}' for r in MECH2_RATES)} where plain "
+             f"{_MECH2_LABEL[b]} failed ({_MECH2_FAILED}) and its {kind} twin ({_MECH2_ARM[kind]}) has a verdict, "
+             "those where the twin's manipulation check passed are tested; share = tested cells where the twin "
+             "trained / tested cells; ")
+    ci = f"the {CI_LEVEL:.0%} Clopper-Pearson interval of the share"
+    if kind in MECH2_PRIMARY:
+        decide = (f"reproduced iff the lower bound of {ci} is > {RESTORE_NULL:g} and Holm's step-down (alpha = "
+                  f"{1 - CI_LEVEL:.2g}, over the primary contrasts {' and '.join(MECH2_PRIMARY)} x "
+                  f"{' and '.join(MECH2_BASELINES)} that are tested) rejects share = {RESTORE_NULL:g} by its exact "
+                  f"two-sided binomial p-value, not reproduced iff the upper bound is < {RESTORE_NULL:g} and Holm "
+                  "rejects, else not resolved (also with no failed cell)")
+    else:
+        decide = (f"secondary, no Holm: reproduced iff the lower bound of {ci} is > {RESTORE_NULL:g}, not "
+                  f"reproduced iff its upper bound is < {RESTORE_NULL:g}, else not resolved (also with no failed "
+                  "cell)")
+    return (cells + decide + f"; not tested when the check failed or is unknown in more than {CHECK_SHARE:.0%} "
+            "of the failed cells; harm (the twin failing where the plain arm trained, whatever its check) is "
+            "counted and shown, not part of the verdict")
+
+
+def _mech2_claims(b: str) -> tuple[Claim, ...]:
+    """The ``mech2.*`` rows of one baseline: each baseline is its own experiment."""
+    label = _MECH2_LABEL[b]
+    kw = dict(min_seeds=12, needs="mechanism2")
+    return (
+        Claim(f"mech2.fails.{b}", f"{label} fails to train at large step sizes where Stiefel attention trains "
+              f"(fresh seeds): share of its plain runs failed at the largest rate ({MECH2_RATES[-1]:g})", "4, 6",
+              "DGram attention unstable",
+              Rule("share_ci", text=f"{_MECH2_FAILED}; over the plain {_MECH2_LABEL[b]} runs at rate {MECH2_RATES[-1]:g}: "
+                   f"reproduced iff the {CI_LEVEL:.0%} Clopper-Pearson lower bound of the failed share is > "
+                   f"{FAIL_SHARE:g}, not reproduced iff its upper bound is < {FAIL_SHARE:g}, else not resolved",
+                   **kw), _M2, FAIL_SHARE),
+        Claim(f"mech2.solver_restores.{b}", f"{_MECH2_ARM['solver']} restores {label} where it failed",
+              "6 (mechanism)", "(an alternative the paper does not test)",
+              Rule("restore_ci", text=_mech2_restore_text(b, "solver"), **kw), _M2, True),
+        Claim(f"mech2.saturation_restores.{b}", f"removing softmax saturation ({_MECH2_ARM['saturation']}) restores "
+              f"{label} where it failed", "5, 6 (mechanism)", "(implied by Sections 5-6)",
+              Rule("restore_ci", text=_mech2_restore_text(b, "saturation"), **kw), _M2, True),
+        Claim(f"mech2.solver_attn_restores.{b}", f"(secondary) {_MECH2_ARM['solver_attn']} restores {label} where "
+              "it failed", "6 (mechanism)", "(an alternative the paper does not test)",
+              Rule("restore_ci", text=_mech2_restore_text(b, "solver_attn"), **kw), _M2, True),
+        Claim(f"mech2.cause.{b}", f"why DGram attention fails in {label}: softmax saturation (the paper) or the "
+              "inner solve", "6", "softmax saturation",
+              Rule("cause_outcomes", text=f"from the outcomes of mech2.saturation_restores.{b} and "
+                   f"mech2.solver_restores.{b} (each restores / does not restore / not resolved / not tested): "
+                   "not tested if either is not tested, else not resolved if either is not resolved, else saturation "
+                   "supported (only saturation restores), solver supported (only solver restores), both supported, "
+                   "neither supported", **kw), _M2),
+    )
+
 
 CLAIMS: tuple[Claim, ...] = (
     # --- Section 2: the alpha study ----------------------------------------------------------
@@ -393,6 +584,8 @@ CLAIMS: tuple[Claim, ...] = (
                     "restores; saturation supported / solver supported / both supported / neither supported as they "
                     "combine; not resolved when any of the three contrasts is"),
           _M),
+    # --- beyond the paper: the second mechanism experiment, per baseline (config/mechanism2.yaml) --------------
+    *(row for b in MECH2_BASELINES for row in _mech2_claims(b)),
 )
 
 _BY_ID = {c.id: c for c in CLAIMS}
@@ -434,7 +627,8 @@ def judge(c: Claim, x: Any, *, caps: Sequence[str] = ("any",), seeds: int | None
     ``order`` a mapping ``{condition: [final loss per seed]}``; for ``edge`` a mapping
     ``{assignment: edge rank}``; for ``test`` a bool (the experiment came out as claimed); for
     ``restore`` ``(restored, failed)`` cell counts; for ``cause`` the contrasts as :func:`_judge_cause`
-    takes them.
+    takes them; for ``share_ci`` ``(count, runs)``; for ``restore_ci`` and ``cause_outcomes`` the values
+    :func:`mech2_values` gives.
     ``reason`` explains a missing value.
     """
     r = c.rule
@@ -462,6 +656,12 @@ def judge(c: Claim, x: Any, *, caps: Sequence[str] = ("any",), seeds: int | None
         return _judge_restore(c, x)
     if r.kind == "cause":
         return _judge_cause(x)
+    if r.kind == "share_ci":
+        return _judge_share_ci(c, x)
+    if r.kind == "restore_ci":
+        return _judge_restore_ci(c, x)
+    if r.kind == "cause_outcomes":
+        return _judge_cause_outcomes(x)
     raise ValueError(f"claim {c.id}: unknown rule kind {r.kind!r}")
 
 
@@ -493,6 +693,151 @@ def _judge_cause(x: Mapping[str, bool | None]) -> tuple[str, str]:
     saturation = bool(cap and control)
     verdict = {(True, False): "saturation supported", (False, True): "solver supported",
                (True, True): "both supported", (False, False): "neither supported"}[saturation, bool(normalized)]
+    return verdict, shown
+
+
+def _judge_share_ci(c: Claim, x: tuple[int, int]) -> tuple[str, str]:
+    """``x``: (runs that came out as claimed, runs); ``c.value``: the share the interval is held against."""
+    k, n = x
+    if n < 1:
+        return UNRESOLVED, "no runs"
+    lo, hi = clopper_pearson(k, n, CI_LEVEL)
+    shown = f"{k} of {n} ({k / n:.0%}), {CI_LEVEL:.0%} CP [{lo:.3f}, {hi:.3f}]"
+    if lo > c.value:
+        return "reproduced", shown + f": lower bound above {c.value:g}"
+    if hi < c.value:
+        return "not reproduced", shown + f": upper bound below {c.value:g}"
+    return UNRESOLVED, shown + f": contains {c.value:g}"
+
+
+def mech2_contrast(cells: Sequence[tuple[bool | None, bool | None, bool | None]]) -> dict:
+    """One baseline x one intervention over its (rate, seed) cells, each ``(plain_failed, twin_failed,
+    twin_check)`` (None: no verdict / check unknown). Counts: ``failed`` (the plain arm failed and the twin has
+    a verdict), ``tested`` (of those, the twin's check passed), ``restored`` (of tested, the twin trained),
+    ``untested`` (failed - tested), ``harm_of`` (the plain arm trained and the twin has a verdict), ``harm``
+    (of those, the twin failed: whatever its check says, since a check cannot excuse a broken run),
+    ``missing`` (either arm without a verdict); ``ci`` and ``p``: restored / tested against
+    :data:`RESTORE_NULL` (None with nothing tested); ``status``: "nothing to restore" (no failed cell),
+    "not tested" (untested > CHECK_SHARE x failed) or "tested"."""
+    failed = tested = restored = harm = harm_of = missing = 0
+    for plain_failed, twin_failed, twin_check in cells:
+        if plain_failed is None or twin_failed is None:
+            missing += 1
+        elif plain_failed:
+            failed += 1
+            if twin_check is True:
+                tested += 1
+                restored += not twin_failed
+        else:
+            harm_of += 1
+            harm += bool(twin_failed)
+    untested = failed - tested
+    if failed < 1:
+        status = "nothing to restore"
+    elif untested > CHECK_SHARE * failed:
+        status = NOT_TESTED
+    else:
+        status = "tested"
+    return {"cells": len(cells), "failed": failed, "tested": tested, "restored": restored, "untested": untested,
+            "harm": harm, "harm_of": harm_of, "missing": missing, "status": status,
+            "ci": clopper_pearson(restored, tested, CI_LEVEL) if tested else None,
+            "p": binomial_p(restored, tested, RESTORE_NULL) if tested else None}
+
+
+def mech2_outcome(x: Mapping) -> str:
+    """A contrast's outcome (one of :data:`MECH2_OUTCOMES`) from :func:`mech2_contrast`'s dict plus ``reject``
+    (whether the null share was rejected: Holm's decision for a primary contrast, p < 1 - CI_LEVEL for a
+    secondary one). Both bounds are read, so the outcome is symmetric in restoring and not restoring."""
+    if x["status"] == NOT_TESTED:
+        return NOT_TESTED
+    if x["status"] != "tested" or not x["reject"]:
+        return UNRESOLVED
+    lo, hi = x["ci"]
+    if lo > RESTORE_NULL:
+        return "restores"
+    if hi < RESTORE_NULL:
+        return "does not restore"
+    return UNRESOLVED
+
+
+def _mech2_decided(contrasts: Mapping[tuple[str, str], Mapping]) -> dict[tuple[str, str], dict]:
+    """Every contrast given, plus ``reject``, ``p_holm`` and ``family`` (the Holm family's size; 0 for a
+    secondary one). The family: the primary contrasts with status "tested", every one of them required."""
+    primary = [(b, k) for b in MECH2_BASELINES for k in MECH2_PRIMARY]
+    absent = [key for key in primary if key not in contrasts]
+    if absent:
+        raise KeyError(f"no contrast for {', '.join(f'{b} x {k}' for b, k in absent)}")
+    family = {f"{b}|{k}": contrasts[b, k]["p"] for b, k in primary if contrasts[b, k]["status"] == "tested"}
+    rejected, adjusted = holm(family, 1 - CI_LEVEL), _holm_adjusted(family)
+    out = {}
+    for (b, k), con in contrasts.items():
+        x = dict(con)
+        if (b, k) in primary:
+            key = f"{b}|{k}"
+            x.update(reject=rejected.get(key, False), p_holm=adjusted.get(key), family=len(family))
+        else:
+            x.update(reject=con["p"] is not None and con["p"] < 1 - CI_LEVEL, p_holm=None, family=0)
+        out[b, k] = x
+    return out
+
+
+def mech2_primary_decisions(contrasts: Mapping[tuple[str, str], Mapping]) -> dict[tuple[str, str], str]:
+    """``{(baseline, kind): outcome}`` for the four primary contrasts, from ``{(baseline, kind):``
+    :func:`mech2_contrast` ``}``: Holm's step-down at 1 - CI_LEVEL over exactly those primary contrasts that
+    are tested (failed cells, checks held), then :func:`mech2_outcome`."""
+    decided = _mech2_decided(contrasts)
+    return {(b, k): mech2_outcome(decided[b, k]) for b in MECH2_BASELINES for k in MECH2_PRIMARY}
+
+
+def mech2_values(contrasts: Mapping[tuple[str, str], Mapping]) -> dict[str, dict]:
+    """The rebuilt value of each ``mech2.*_restores.*`` and ``mech2.cause.*`` row, ``{claim id: x}`` for
+    :func:`judge`, from ``{(baseline, kind):`` :func:`mech2_contrast` ``}`` (the primary ones required, a
+    secondary one judged where given). ``mech2.fails.*`` takes ``(failed runs, runs)`` at the largest rate."""
+    decided = _mech2_decided(contrasts)
+    out: dict[str, dict] = {f"mech2.{k}_restores.{b}": x for (b, k), x in decided.items()}
+    for b in MECH2_BASELINES:
+        out[f"mech2.cause.{b}"] = {k: mech2_outcome(decided[b, k]) for k in ("saturation", "solver")}
+    return out
+
+
+def _judge_restore_ci(c: Claim, x: Mapping) -> tuple[str, str]:
+    """``x``: a contrast with its ``reject`` (:func:`mech2_values`); ``c.value``: the claim is that it restores."""
+    outcome = mech2_outcome(x)
+    harm = f"harm: the twin failed in {x['harm']} of {x['harm_of']} cells where the plain arm trained"
+    if x["status"] == "nothing to restore":
+        return UNRESOLVED, f"the plain arm failed in no cell with a twin verdict: nothing to restore; {harm}"
+    if outcome == NOT_TESTED:
+        return NOT_TESTED, (f"manipulation check failed or unknown in {x['untested']} of {x['failed']} failed cells "
+                            f"(more than {CHECK_SHARE:.0%}); {harm}")
+    lo, hi = x["ci"]
+    shown = (f"trains in {x['restored']} of {x['tested']} tested failed cells ({x['restored'] / x['tested']:.0%}), "
+             f"{CI_LEVEL:.0%} CP [{lo:.3f}, {hi:.3f}], p = {x['p']:.3g}")
+    if x.get("family"):
+        shown += (f", Holm-adjusted {x['p_holm']:.3g} over {x['family']} tested primary contrast(s): "
+                  f"{'rejects' if x['reject'] else 'does not reject'} {RESTORE_NULL:g}")
+    else:
+        shown += f" (secondary: {'rejects' if x['reject'] else 'does not reject'} {RESTORE_NULL:g}, no Holm)"
+    shown += f"; {x['untested']} failed cell(s) untested (check failed or unknown); {harm}"
+    if outcome == UNRESOLVED:
+        return UNRESOLVED, shown
+    restores = outcome == "restores"
+    return ("reproduced" if restores == bool(c.value) else "not reproduced"), \
+        shown + (": restores" if restores else ": does not restore")
+
+
+def _judge_cause_outcomes(x: Mapping[str, str]) -> tuple[str, str]:
+    """``x``: ``{"saturation": outcome, "solver": outcome}`` (:data:`MECH2_OUTCOMES`)."""
+    bad = {k: v for k, v in x.items() if v not in MECH2_OUTCOMES}
+    if bad or set(x) != {"saturation", "solver"}:
+        raise ValueError(f"cause outcomes {dict(x)!r}: needs saturation and solver, each one of {MECH2_OUTCOMES}")
+    shown = f"saturation {x['saturation']}, solver {x['solver']}"
+    if NOT_TESTED in x.values():
+        return NOT_TESTED, shown
+    if UNRESOLVED in x.values():
+        return UNRESOLVED, shown
+    verdict = {(True, False): "saturation supported", (False, True): "solver supported",
+               (True, True): "both supported", (False, False): "neither supported"}[
+        x["saturation"] == "restores", x["solver"] == "restores"]
     return verdict, shown
 
 
