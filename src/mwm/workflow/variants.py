@@ -40,7 +40,7 @@ INTERVENTION_KEYS = ("attn_sigma_cap", "mlp_sigma_cap", "solver_normalize", "att
 #: whatever manifolds the candidate trains, so they need no DGram matrix.
 MODEL_INTERVENTION_KEYS = ("attn_qk_scale",)
 #: The reports (``workflow.report``) of a config with a sweep; a sweep needs one of them.
-SWEEP_REPORTS = ("sweep", "mechanism")
+SWEEP_REPORTS = ("sweep", "mechanism", "mechanism2")
 
 
 def rate_label(rate: float) -> str:
