@@ -9,9 +9,13 @@ Prints, each measured in this process:
    scales 0.3 .. 100, float64, mean over ``--draws`` draws;
 2. ``--cost``: one run of ``--config``'s model per ``--assignment`` (random token ids, one thread):
    the median training step against the solver-quality measurement (``mwm.optim.quality``) of a step, and the
-   measurement's share of a run that measures at every ``train.eval_interval`` steps.
+   measurement's share of a run that measures at every ``train.eval_interval`` steps;
+3. ``--solve-cost``: the normalized solve's cost against the paper's on one bank of DGram matrices
+   (``--bank`` matrices of ``--shape``, grown weights and a training-sized momentum), the paper's
+   settings and precision, the two timed alternately: the median ratio normalized / plain.
 
     python benchmarks/bench_quality.py --scales
+    python benchmarks/bench_quality.py --solve-cost --shape 768 768 --bank 4
     python benchmarks/bench_quality.py --cost --config config/mechanism.yaml --assignment dgram hetero
 """
 
@@ -99,6 +103,28 @@ def cost(config: str, assignments: list[str], steps: int, repeats: int) -> None:
                   f"share of a run: {100 * meas / (meas + every * step):.1f}%")
 
 
+def solve_cost(m: int, n: int, bank: int, repeats: int, precision: str) -> None:
+    torch.set_num_threads(1)
+    gen = torch.Generator().manual_seed(0)
+    W = torch.stack([dgram_pair(m, n, 30.0, gen)[0] for _ in range(bank)]).float()
+    G = 1e-3 * torch.randn(bank, m, n, generator=gen)
+    mf = "dgram"
+    plain = SolverSettings.defaults(precision=precision)
+    normed = SolverSettings.defaults(precision=precision, normalize=True)
+    times = {"plain": [], "normalized": []}
+    for i in range(repeats + 1):
+        for label, st in (("plain", plain), ("normalized", normed))[:: 1 if i % 2 else -1]:
+            t0 = time.perf_counter()
+            solve(W, G, mf, st)
+            if i:  # the first round warms both up
+                times[label].append(time.perf_counter() - t0)
+    ratios = [a / b for a, b in zip(times["normalized"], times["plain"])]
+    p, q = statistics.median(times["plain"]), statistics.median(times["normalized"])
+    print(f"inner solve, {bank} x DGram {m}x{n}, {plain.steps} iterations, {precision} msign, one thread, "
+          f"{repeats} alternating rounds: plain {1e3 * p:.0f} ms, normalized {1e3 * q:.0f} ms; "
+          f"normalized / plain: median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f})")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scales", action="store_true", help="the alignment table against the weight scale")
@@ -109,13 +135,19 @@ def main(argv=None) -> int:
     ap.add_argument("--assignment", nargs="+", default=["dgram", "stiefel", "hetero"])
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--solve-cost", action="store_true", help="the normalized solve's cost against the paper's")
+    ap.add_argument("--bank", type=int, default=4, help="--solve-cost: matrices in the bank")
+    ap.add_argument("--precision", default="bfloat16", choices=("bfloat16", "float32"),
+                    help="--solve-cost: msign precision (bfloat16: as released)")
     args = ap.parse_args(argv)
-    if not (args.scales or args.cost):
-        ap.error("give --scales, --cost or both")
+    if not (args.scales or args.cost or args.solve_cost):
+        ap.error("give --scales, --cost or --solve-cost")
     if args.scales:
         scales_table(*args.shape, args.draws)
     if args.cost:
         cost(args.config, args.assignment, args.steps, args.repeats)
+    if args.solve_cost:
+        solve_cost(*args.shape, args.bank, args.repeats, args.precision)
     return 0
 
 

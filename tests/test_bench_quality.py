@@ -32,3 +32,13 @@ def test_the_cost_is_printed_as_a_share_of_a_run(capsys):
     out = capsys.readouterr().out
     share = re.search(r"dgram: step \d+ ms, measurement \d+ ms = [\d.]+ steps; share of a run: ([\d.]+)%", out)
     assert share and 0 < float(share.group(1)) < 100
+
+
+def test_the_solve_cost_is_printed_as_a_ratio_of_alternating_rounds(capsys):
+    bench = load_benchmark("bench_quality")
+    assert bench.main(["--solve-cost", "--shape", "48", "16", "--bank", "2", "--repeats", "2",
+                       "--precision", "float32"]) == 0
+    out = capsys.readouterr().out
+    m = re.search(r"2 x DGram 48x16, 20 iterations, float32 msign, one thread, 2 alternating rounds: plain [\d.]+ ms, "
+                  r"normalized [\d.]+ ms; normalized / plain: median ([\d.]+) \(min ([\d.]+), max ([\d.]+)\)", out)
+    assert m and 0 < float(m.group(2)) <= float(m.group(1)) <= float(m.group(3))

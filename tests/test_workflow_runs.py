@@ -427,6 +427,44 @@ def test_tiny_mechanism_config_runs_end_to_end(tmp_path):
     assert float(sp[sp.module == "mlp"].sigma_max.max()) <= 4.0 * (1 + 1e-4)
 
 
+def test_tiny_mechanism2_config_runs_end_to_end(tmp_path):
+    # config/ci-mechanism2.yaml: the second mechanism experiment's code paths, with one rate where every
+    # run goes unstable, each kind of intervention beside All DGram, and no Hetero-inv arm
+    import pandas as pd
+
+    cfg = load_config(ROOT / "config" / "ci-mechanism2.yaml")
+    res = snakemake(tmp_path, ROOT / "config" / "ci-mechanism2.yaml", "all")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    out = tmp_path / "paper_figures" / "ci-mechanism2"
+    for f in ("fig_mechanism2_loss.png", "fig_mechanism2_chain.png", "fig_mechanism2_checks.png",
+              "table_mechanism2.md", "table_mechanism2_contrasts.csv", "table_mechanism2_margins.csv",
+              "mechanism2_runs.csv", "ledger.md"):
+        assert (out / f).is_file(), f
+    captions = (ROOT / "report" / "item.rst").read_text()
+    for f in out.iterdir():
+        if f.suffix in (".png", ".gif", ".csv"):
+            assert f'item == "{f.stem}"' in captions, f"{f.name} has no caption in report/item.rst"
+    runs = pd.read_csv(out / "mechanism2_runs.csv")
+    top = max(cfg["grid"]["sweep"]["muon_lr"])
+    assert set(runs[runs.rate == top].failed) == {True} and set(runs[runs.rate < top].status) == {"completed"}
+    # the report's checks are the ones each run wrote into its summary.json
+    folder = tmp_path / "results" / "runs" / "ci-mechanism2"
+    for row in runs.itertuples():
+        summary = json.loads((folder / row.variant / f"seed{row.seed}" / "summary.json").read_text())
+        for kind in ("solver", "saturation"):
+            want = summary["manipulation"][kind]["passed"]
+            got = getattr(row, f"{kind}_check")
+            assert (want is None and pd.isna(got)) or bool(got) == want, (row.variant, kind)
+    contrasts = pd.read_csv(out / "table_mechanism2_contrasts.csv")
+    assert set(contrasts.baseline) == {"dgram"} and set(contrasts["failed cells"]) == {1}
+    assert set(contrasts.kind) == {"solver", "solver_attn", "saturation"}
+    ledger = pd.read_csv(out / "ledger.csv").set_index("id")
+    mech = ledger.loc[[i for i in ledger.index if i.startswith("mech2.") and i.endswith(".dgram")]]
+    assert len(mech) == 5 and set(mech.verdict) == {"too few seeds"}  # one seed; the rules need twelve
+    hetero = ledger.loc[[i for i in ledger.index if i.startswith("mech2.") and i.endswith(".hetero-inv")]]
+    assert len(hetero) == 5 and set(hetero.rebuilt) == {"--"}
+
+
 @pytest.mark.skipif(not HAS_SNAKEMAKE, reason="snakemake not installed")
 def test_a_config_value_on_the_command_line_is_refused_as_such(tmp_path):
     repo = repo_copy(tmp_path / "repo")

@@ -7,7 +7,8 @@ study result the config asks for that is missing is an error naming it. A config
 with ``workflow.report: solvers`` gets the solver study's figure and table alone; one with
 ``workflow.report: sweep`` the learning-rate sweep's (:mod:`mwm.report.sweep`); one with
 ``workflow.report: mechanism`` the causal experiment's (:mod:`mwm.report.mechanism`) and the solver study
-on the pairs one of its runs captured.
+on the pairs one of its runs captured; one with ``workflow.report: mechanism2`` the second causal
+experiment's, per baseline (:mod:`mwm.report.mechanism2`).
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ from mwm.errors import write_failure
 from mwm.workflow.owner import check_owner
 from mwm.workflow.paths import inside
 from mwm.workflow.runs import check_grid
-from mwm.report.ledger import build_ledger, build_mechanism_ledger, build_sweep_ledger, write_ledger
+from mwm.report.ledger import (build_ledger, build_mechanism2_ledger, build_mechanism_ledger, build_sweep_ledger,
+                               write_ledger)
 from mwm.report.load import ReportError, load_runs
 from mwm.report.mechanism import mechanism_report
+from mwm.report.mechanism2 import mechanism2_report
 from mwm.report.solver_training import solver_training_report
 from mwm.report.sweep import sweep_report
 from mwm.report.studies import SOLVER_STUDY_FILES, load_studies, solver_study_report, studies_report
@@ -42,6 +45,9 @@ def build(cfg: dict, results: Path, out: Path) -> Path:
     if cfg["workflow"]["report"] == "mechanism":  # the causal experiment, and the solver study on its pairs
         write_ledger(build_mechanism_ledger(cfg, mechanism_report(cfg, runs, out)), out)
         solver_study_report(load_studies(folder, required=SOLVER_STUDY_FILES), out)
+        return out
+    if cfg["workflow"]["report"] == "mechanism2":  # the second causal experiment, from its runs alone
+        write_ledger(build_mechanism2_ledger(cfg, mechanism2_report(cfg, runs, out)), out)
         return out
     studies = load_studies(folder)
     out.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,7 @@ from mwm.io import atomic_write_text
 from mwm.config.names import ATTN_MATRICES, MLP_MATRICES
 from mwm.report.tables import fmt
 
-__all__ = ["build_ledger", "build_sweep_ledger", "build_mechanism_ledger", "build_values_ledger", "write_ledger", "is_paper_scale", "capabilities", "VERDICTS"]
+__all__ = ["build_ledger", "build_sweep_ledger", "build_mechanism_ledger", "build_mechanism2_ledger", "build_values_ledger", "write_ledger", "is_paper_scale", "capabilities", "VERDICTS"]
 
 VERDICTS = paper.VERDICTS
 NC = paper.NC
@@ -580,6 +580,14 @@ def build_mechanism_ledger(cfg: dict, res: pd.DataFrame) -> pd.DataFrame:
     from mwm.report.mechanism import mechanism_ledger_values
 
     return build_values_ledger(cfg, mechanism_ledger_values(cfg, res), "mechanism runs")
+
+
+def build_mechanism2_ledger(cfg: dict, res: pd.DataFrame) -> pd.DataFrame:
+    """The ledger of the second mechanism experiment (``workflow.report: mechanism2``): its ``mech2.*`` rows
+    (:func:`mwm.report.mechanism2.mechanism2_ledger_values`)."""
+    from mwm.report.mechanism2 import mechanism2_ledger_values
+
+    return build_values_ledger(cfg, mechanism2_ledger_values(cfg, res), "mechanism2 runs")
 
 
 def write_ledger(df: pd.DataFrame, out: Path) -> None:

@@ -47,13 +47,14 @@ def intervention_kind(grid: dict, cand: str) -> str | None:
     (key, value), = keys.items()
     if key == "solver_normalize" and value != "all":
         return None
-    return KINDS[key][0]
+    return KINDS[key][0] if key in KINDS else None  # a setting this experiment has no row for
 
 
-def mechanism_results(cfg: dict, runs) -> pd.DataFrame:
+def mechanism_results(cfg: dict, runs, margin: float = paper.FAIL_MARGIN) -> pd.DataFrame:
     """One row per run: arm (the grid's assignment), baseline (its intervention's, or itself), kind, rate,
     seed, status, final val loss, the reference loss (the worse completed Stiefel-attention reference at
-    the same rate and seed; NaN without one) and ``failed`` (True / False; None without a reference)."""
+    the same rate and seed; NaN without one) and ``failed`` (True / False; None without a reference):
+    not completed, or above the reference by more than ``margin`` nats (the rule's is paper.FAIL_MARGIN)."""
     grid = cfg["grid"]
     rows = []
     for variant, (arm, rate) in sweep_points(grid).items():
@@ -75,7 +76,7 @@ def mechanism_results(cfg: dict, runs) -> pd.DataFrame:
             return True
         if np.isnan(row.reference_loss):
             return None
-        return bool(row.final_val_loss > row.reference_loss + paper.FAIL_MARGIN)
+        return bool(row.final_val_loss > row.reference_loss + margin)
 
     res["failed"] = [failed(r) for r in res.itertuples()]
     return res
@@ -218,7 +219,17 @@ def _chain_cases(cfg: dict, res: pd.DataFrame) -> list[tuple[str, float, int, bo
     return out
 
 
-def fig_mechanism_chain(cfg: dict, res: pd.DataFrame, runs, out: Path) -> None:
+def _chain_twins(cfg: dict, base: str) -> list[tuple[str, str]]:
+    """(candidate, line style) of the normalized and capped twins of ``base``."""
+    styles = {"normalized": "--", "cap": ":"}
+    return [(c, styles[k]) for c, b in cfg["grid"]["intervention"].items()
+            if b == base and (k := intervention_kind(cfg["grid"], c)) in styles]
+
+
+def fig_mechanism_chain(cfg: dict, res: pd.DataFrame, runs, out: Path, twins=_chain_twins,
+                        name: str = "fig_mechanism_chain") -> None:
+    """The chain of each baseline's case (:func:`_chain_cases`) beside ``twins(cfg, base)``: (candidate, line
+    style) pairs, and All Stiefel."""
     import matplotlib.pyplot as plt
 
     from mwm.report import style
@@ -235,12 +246,8 @@ def fig_mechanism_chain(cfg: dict, res: pd.DataFrame, runs, out: Path) -> None:
         axes[0, 0].text(0.02, 0.5, "no All DGram or Hetero-inv run in this config", transform=axes[0, 0].transAxes)
         for ax in axes.ravel():
             ax.axis("off")
-    styles = {"normalized": "--", "cap": ":", "mlp_control": "-."}
     for row, (base, rate, seed, failed) in zip(axes, cases):
-        twins = [(c, styles.get(intervention_kind(cfg["grid"], c), "-."))
-                 for c, b in cfg["grid"]["intervention"].items() if b == base and intervention_kind(cfg["grid"], c)
-                 in ("normalized", "cap")]
-        shown = [(base, "-")] + twins + ([("stiefel", "-")] if "stiefel" in set(res.arm) else [])
+        shown = [(base, "-")] + twins(cfg, base) + ([("stiefel", "-")] if "stiefel" in set(res.arm) else [])
         for arm, ls in shown:
             series = chain_series(runs[sweep_variant(arm, rate), seed])
             sig = series["sigma"]
@@ -265,7 +272,7 @@ def fig_mechanism_chain(cfg: dict, res: pd.DataFrame, runs, out: Path) -> None:
         row[1].set_yscale("log")
         row[0].legend(fontsize=4.5)
         row[-1].legend(fontsize=4.5)
-    style.save(fig, out, "fig_mechanism_chain")
+    style.save(fig, out, name)
 
 
 def mechanism_report(cfg: dict, runs, out: Path) -> pd.DataFrame:
