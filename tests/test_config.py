@@ -231,3 +231,47 @@ def test_a_config_edited_after_the_workflow_planned_it_is_refused(tmp_path, monk
     monkeypatch.setenv(config.PLANNED_ENV, "not json")
     with pytest.raises(ConfigError, match=f"environment variable {config.PLANNED_ENV} is not what"):
         load_config(path)
+
+
+@pytest.mark.parametrize("text, key, first", [
+    ("name: dup\ntrain:\n  dual_ascent_steps: 5\n  dual_ascent_steps: 50\n", "dual_ascent_steps", 3),
+    ("name: dup\ntrain: {batch_size: 8, warmup_iters: 5}\nmodel: {n_layer: 1}\ntrain: {max_iters: 4}\n", "train", 2),
+])
+def test_a_key_given_twice_is_refused_naming_file_key_and_lines(tmp_path, text, key, first):
+    path = tmp_path / "dup.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    msg = str(err.value)
+    assert str(path) in msg and f"found the key {key!r} twice (first on line {first})" in msg
+
+
+def test_merge_keys_may_still_be_overridden(tmp_path):
+    path = tmp_path / "merge.yaml"
+    path.write_text("name: merge\nbase: &b {batch_size: 8, max_iters: 4}\ntrain:\n  <<: *b\n  max_iters: 6\n")
+    raw = config.yaml_load(path.read_text())
+    assert raw["train"] == {"batch_size": 8, "max_iters": 6}
+
+
+def test_every_shipped_config_has_each_key_once():
+    for path in sorted((ROOT / "config").glob("*.yaml")):
+        load_config(path)  # raises on a duplicate
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (["train.max_iters=[1"], r"override 'train.max_iters=\[1' from <overrides>: its value is not valid YAML"),
+    (["train.max_iters=4", "train.max_iters=5"], "set train.max_iters twice"),
+])
+def test_a_malformed_or_repeated_override_is_one_config_error(overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(ROOT / "config" / "ci.yaml", overrides)
+
+
+def test_a_malformed_override_is_one_line_from_the_entry_points(tmp_path):
+    env = dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    for cmd in (["mwm.train", "--config", "config/ci.yaml", "--assignment", "stiefel", "--seed", "0"],
+                ["mwm.studies.alpha", "--config", "config/ci.yaml", "--out", str(tmp_path / "s")]):
+        res = subprocess.run([sys.executable, "-m", *cmd, "train.max_iters=[1"], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode != 0 and "Traceback" not in res.stderr, res.stderr[-2000:]
+        assert "not valid YAML" in res.stderr + res.stdout

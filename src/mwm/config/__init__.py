@@ -57,7 +57,26 @@ SCHEMA_DIR = Path(__file__).with_name("schema")
 
 
 class _Loader(yaml.SafeLoader):
-    """Safe YAML 1.1 plus YAML 1.2's exponent floats without a dot (``1e6``)."""
+    """Safe YAML 1.1 plus YAML 1.2's exponent floats without a dot (``1e6``), refusing a key given twice in
+    one mapping (plain YAML keeps the last silently, so a second ``train:`` block would drop the first)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # a merge key's entries may be overridden: that is what merging is for
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.setdefault(key, key_node)
+                except TypeError:
+                    continue  # an unhashable key: the base class refuses it with its own message
+                if first is not key_node:
+                    raise yaml.constructor.ConstructorError(
+                        "while reading a mapping", node.start_mark,
+                        f"found the key {key!r} twice (first on line {first.start_mark.line + 1}); "
+                        "give each key once", key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
 
 
 _EXP_FLOAT = re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
@@ -312,17 +331,29 @@ def validate(cfg: dict, source: str = "<config>") -> dict:
 def apply_overrides(cfg: dict, overrides: Iterable[str], source: str = "<overrides>") -> dict:
     """Apply ``dotted.key=value`` overrides (values parsed as YAML) to a copy."""
     cfg = copy.deepcopy(cfg)
+    given: dict[str, str] = {}
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} from {source} is not of the form dotted.key=value")
         key, raw = item.split("=", 1)
+        if key.strip() in given:
+            raise ConfigError(f"overrides from {source} set {key.strip()} twice ({given[key.strip()]!r} and "
+                              f"{item!r}); give each key once")
+        given[key.strip()] = item
         parts = key.strip().split(".")
         node = cfg
         for p in parts[:-1]:
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {item!r}: {p!r} is not a section")
-        node[parts[-1]] = yaml_load(raw)
+        try:
+            node[parts[-1]] = yaml_load(raw)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            detail = (getattr(exc, "problem", None) or "unreadable") + (
+                f" at character {mark.column + 1}" if mark is not None else "")
+            raise ConfigError(f"override {item!r} from {source}: its value is not valid YAML ({detail}); "
+                              "quote a string value, close a list with ]") from None
     return cfg
 
 
