@@ -496,3 +496,21 @@ def test_full_disk_in_prepare_is_one_clear_line(tmp_path, monkeypatch, capsys):
     assert rc == 1 and len(lines) == 1, err
     assert "no space left on device" in lines[0] and "train.raw" in lines[0] and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+def test_preparing_again_leaves_identical_files_untouched(tmp_path, corpus):
+    import os
+
+    out = prepare(_text_section(corpus), tmp_path / "out", num_proc=1, **QUIET)
+    names = ("train.bin", "val.bin", "meta.json")
+    for name in names:  # an old mtime, so a rewrite cannot hide inside the clock's resolution
+        os.utime(out / name, ns=(1_000_000_000, 1_000_000_000))
+    before = {n: ((out / n).stat().st_mtime_ns, (out / n).stat().st_ino, (out / n).read_bytes()) for n in names}
+    prepare(_text_section(corpus), out, num_proc=2, **QUIET)
+    assert {n: ((out / n).stat().st_mtime_ns, (out / n).stat().st_ino, (out / n).read_bytes()) for n in names} == before
+    # a damaged split is rewritten, the others stay
+    (out / "val.bin").write_bytes(b"\0\0")
+    os.utime(out / "val.bin", ns=(1_000_000_000, 1_000_000_000))
+    prepare(_text_section(corpus), out, num_proc=1, force=True, **QUIET)
+    assert (out / "val.bin").read_bytes() == before["val.bin"][2]
+    assert (out / "train.bin").stat().st_mtime_ns == before["train.bin"][0]

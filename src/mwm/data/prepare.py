@@ -208,6 +208,11 @@ def _check_tokens(expected: dict, splits: dict, src: Source) -> dict | None:
     return report
 
 
+def _same_file(path: Path, sha256: str) -> bool:
+    """Whether ``path`` exists and its content has this digest."""
+    return path.is_file() and sha256_file(path) == sha256
+
+
 def prepare(section: dict | None = None, out: str | Path | None = None, *, force: bool = False,
             num_proc: int | None = None, source: Source | None = None, unit_chars: int = UNIT_CHARS,
             log: Callable[[str], None] | None = _stderr) -> Path:
@@ -333,9 +338,18 @@ def prepare(section: dict | None = None, out: str | Path | None = None, *, force
             text = text.replace(json.dumps(remap["kept_ids"], indent=1).replace("\n", "\n  "),
                                 json.dumps(remap["kept_ids"]), 1)
         (tmp / "meta.json").write_text(text + "\n")
+        # a file whose bytes are already there stays as it is: a new mtime would make Snakemake plan
+        # every run on this dataset again
+        kept = [name for name in SPLITS if _same_file(out / f"{name}.bin", splits[name]["sha256"])]
         for name in SPLITS:
-            os.replace(tmp / f"{name}.bin", out / f"{name}.bin")
-        os.replace(tmp / "meta.json", out / "meta.json")
+            if name not in kept:
+                os.replace(tmp / f"{name}.bin", out / f"{name}.bin")
+        if (out / "meta.json").is_file() and (out / "meta.json").read_bytes() == (tmp / "meta.json").read_bytes():
+            kept.append("meta")
+        else:
+            os.replace(tmp / "meta.json", out / "meta.json")
+        if len(kept) == len(SPLITS) + 1:
+            log(f"  {out}: identical to what was there; its files are left untouched")
         ok = True
     finally:
         src.close()
