@@ -1,6 +1,7 @@
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -432,7 +433,7 @@ def test_real_checkpoints_load_as_weights_only(tmp_path, fake_data):
 def test_stale_logs_without_header_start_the_run_afresh(tmp_path, fake_data):
     """A checkpoint whose logs do not reach it (here: metrics.csv without its header, in the
     run folder and beside the checkpoint, as after two processes wrote one run folder) starts
-    the run afresh: the stale logs and checkpoint go, the run completes as a fresh one would."""
+    the run afresh: the stale logs and checkpoint are moved aside, the run completes as a fresh one would."""
     from mwm.train.loop import Run
 
     cfg = load_config(fakedata.write_config(tmp_path / "tiny.yaml"))
@@ -447,6 +448,8 @@ def test_stale_logs_without_header_start_the_run_afresh(tmp_path, fake_data):
     assert rc == 0 and d == run.dir
     assert json.loads((d / "summary.json").read_text())["status"] == "completed"
     assert not run.ckpt_path.exists() and not run.folder.mirror.exists()
+    aside = run.folder.ckpt_dir.with_name("seed0.unusable")  # moved aside, not deleted
+    assert (aside / "checkpoint" / "ckpt.pt").is_file() and (aside / "run" / "metrics.csv").read_text() == stale
     rc, ref = fakedata.run_main(tmp_path, out="ref")
     assert rc == 0
     for name in ("eval.csv", "spectral.csv", "attention.csv"):
@@ -523,7 +526,7 @@ def test_a_checkpoint_short_of_a_key_is_a_one_line_error_naming_it(tmp_path, fak
     run.step = 4
     run.save_checkpoint()
     ck = torch.load(run.ckpt_path, weights_only=True)
-    assert set(ck) == set(Run.CHECKPOINT_KEYS)  # the list the check reads is what a checkpoint holds
+    assert set(ck) == {*Run.CHECKPOINT_KEYS, *Run.OPTIONAL_KEYS}  # the list the check reads is what it holds
     if drop == "a model weight":
         del ck["model"][next(iter(ck["model"]))]
     elif drop == "muon":
@@ -531,7 +534,7 @@ def test_a_checkpoint_short_of_a_key_is_a_one_line_error_naming_it(tmp_path, fak
     else:
         del ck[drop]
     torch.save(ck, run.ckpt_path)
-    monkeypatch.setattr(RunFolder, "logs_reach", lambda self, step: True)  # as if the run had logged to step 4
+    monkeypatch.setattr(RunFolder, "logs_reach", lambda self, step, extent=None: True)  # as if logged to step 4
     rc, _ = fakedata.run_main(tmp_path)
     err = capsys.readouterr().err
     assert rc == 2 and "ckpt.pt" in err and "delete it to start the run afresh" in err, err
@@ -621,3 +624,110 @@ def test_tf32_goes_through_the_current_api_without_a_deprecation_warning():
             assert matmul.fp32_precision == "ieee"
     finally:
         matmul.fp32_precision, conv.fp32_precision = before
+
+
+class _Killed(BaseException):
+    """A kill at a chosen moment (BaseException: nothing in the run catches it)."""
+
+
+def _interrupted(tmp_path, monkeypatch, at_step: int, during_copy: bool = False):
+    """A tiny run killed at its checkpoint of ``at_step``: after the checkpoint is written, or (``during_copy``)
+    while the copy of its logs is written, after metrics.csv and before eval.csv. Returns the Run class."""
+    import mwm.workflow.runs as runs_mod
+    from mwm.train.loop import Run
+
+    real_copy, real_save = runs_mod._copy_run_files, Run.save_checkpoint
+
+    def copy(src, dst, replace_steps):
+        if during_copy and dst.name == "logs" and (src / "metrics.csv").read_text().count("\n") > at_step:
+            shutil.copyfile(src / "metrics.csv", dst / "metrics.csv")
+            raise _Killed()
+        real_copy(src, dst, replace_steps)
+
+    def save(self):
+        real_save(self)
+        if self.step == at_step:
+            raise _Killed()
+
+    monkeypatch.setattr(runs_mod, "_copy_run_files", copy)
+    monkeypatch.setattr(Run, "save_checkpoint", save)
+    with pytest.raises(_Killed):
+        fakedata.run_main(tmp_path)
+    monkeypatch.setattr(runs_mod, "_copy_run_files", real_copy)
+    monkeypatch.setattr(Run, "save_checkpoint", real_save)
+
+
+def _same_as_uninterrupted(tmp_path, d):
+    rc, ref = fakedata.run_main(tmp_path, out="ref")
+    assert rc == 0
+    for name in ("eval.csv", "spectral.csv", "attention.csv", "solver.csv"):
+        assert (d / name).read_text() == (ref / name).read_text(), name
+    rows = [r.split(",")[:4] for r in (d / "metrics.csv").read_text().splitlines()]
+    assert rows == [r.split(",")[:4] for r in (ref / "metrics.csv").read_text().splitlines()]
+    assert sorted(p.name for p in (d / "spectra").glob("*.npz")) == sorted(p.name for p in (ref / "spectra").glob("*.npz"))
+
+
+def test_a_kill_while_the_logs_are_copied_beside_a_checkpoint_loses_no_row(tmp_path, fake_data, monkeypatch, capsys):
+    """Killed between the metrics.csv and eval.csv copies of the step-8 checkpoint, then retried after the
+    workflow deleted the job's outputs: the run resumes from the last whole checkpoint (step 4) and ends with
+    every row an uninterrupted run has."""
+    _interrupted(tmp_path, monkeypatch, at_step=8, during_copy=True)
+    d = tmp_path / "out" / "runs" / "tiny" / "none" / "seed0"
+    for f in d.glob("*.csv"):  # Snakemake removes a failed job's declared outputs before the retry
+        f.unlink()
+    capsys.readouterr()
+    rc, d = fakedata.run_main(tmp_path)
+    said = capsys.readouterr().out
+    assert rc == 0 and "restored them from the checkpoint's copy" in said and "at step 4" in said, said
+    _same_as_uninterrupted(tmp_path, d)
+
+
+def test_a_duplicated_log_row_below_the_checkpoint_is_repaired_from_its_copy(tmp_path, fake_data, monkeypatch):
+    _interrupted(tmp_path, monkeypatch, at_step=8)
+    d = tmp_path / "out" / "runs" / "tiny" / "none" / "seed0"
+    lines = (d / "metrics.csv").read_text().splitlines()
+    (d / "metrics.csv").write_text("\n".join([*lines[:3], lines[2], *lines[3:]]) + "\n")
+    rc, d = fakedata.run_main(tmp_path)
+    assert rc == 0
+    _same_as_uninterrupted(tmp_path, d)
+
+
+def test_a_foreign_checkpoint_is_refused_before_anything_moves(tmp_path, fake_data, monkeypatch, capsys):
+    _interrupted(tmp_path, monkeypatch, at_step=8)
+    d = tmp_path / "out" / "runs" / "tiny" / "none" / "seed0"
+    ck = tmp_path / "out" / "checkpoints" / "tiny" / "none" / "seed0" / "ckpt.pt"
+    for f in d.glob("*.csv"):
+        f.unlink()
+    before = ck.read_bytes()
+    capsys.readouterr()
+    rc, _ = fakedata.run_main(tmp_path, train__learning_rate=0.002)
+    err = capsys.readouterr().err
+    assert rc == 2 and "belongs to a different configuration" in err and "learning_rate" in err, err
+    assert "Traceback" not in err and ck.read_bytes() == before
+    assert not list(d.glob("*.csv"))  # its copy of the logs was not brought in
+
+
+def test_a_checkpoint_of_other_numerics_is_refused_naming_both_versions(tmp_path, fake_data, monkeypatch, capsys):
+    from mwm import numerics
+
+    _interrupted(tmp_path, monkeypatch, at_step=4)
+    ck = tmp_path / "out" / "checkpoints" / "tiny" / "none" / "seed0" / "ckpt.pt"
+    monkeypatch.setattr(numerics, "VERSION", numerics.VERSION + 1)
+    import mwm.workflow.runs as runs_mod
+
+    monkeypatch.setattr(runs_mod, "VERSION", numerics.VERSION)
+    capsys.readouterr()
+    rc, _ = fakedata.run_main(tmp_path)
+    err = capsys.readouterr().err
+    assert rc == 2 and f"numerics: run {numerics.VERSION - 1}, config {numerics.VERSION}" in err, err
+    assert ck.is_file()
+
+
+@pytest.mark.parametrize("stale", ["foo,bar\n1,2\n", "step,train_loss,lr,muon_lr,step_time,tokens_per_s,"
+                                   "optimizer_time,optimizer_share\nx,4.1,0.0006,0.02,0.01,100,0.005,0.5\n"])
+def test_stale_logs_without_a_checkpoint_do_not_fail_the_run(tmp_path, fake_data, stale):
+    d = tmp_path / "out" / "runs" / "tiny" / "none" / "seed0"
+    d.mkdir(parents=True)
+    (d / "metrics.csv").write_text(stale)
+    rc, d = fakedata.run_main(tmp_path)
+    assert rc == 0 and json.loads((d / "summary.json").read_text())["status"] == "completed"

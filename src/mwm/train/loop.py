@@ -24,8 +24,9 @@ Resume: a checkpoint (model, both optimizers, step, RNG and data-sampler state,
 divergence state) is written atomically every ``checkpoint_interval`` steps
 under ``results/checkpoints/...``; starting the same run again resumes from it
 and truncates the logs to the checkpoint, so the result equals an uninterrupted
-run; a checkpoint the logs do not reach (even from the copy of them kept beside it)
-is removed with the logs and the run starts afresh. SIGTERM / SIGUSR1 (a scheduler's
+run. The copy of the logs beside the checkpoint is written first and the checkpoint, which records
+what its logs hold, last; a checkpoint whose logs are not what it recorded (even from that copy) is
+moved aside with them (``<checkpoint folder>.unusable``) and the run starts afresh. SIGTERM / SIGUSR1 (a scheduler's
 warning) write a checkpoint and exit with status 75 (``EXIT_PREEMPTED``) for the
 workflow to retry.
 
@@ -429,6 +430,7 @@ class Run:
             # the run's own GPU only: a retry may land on a node that shows fewer
             "rng_cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
             "config_hash": config_hash(self._identity()),
+            "identity": self._identity(),
         }
 
     def load_state_dict(self, ck: dict) -> None:
@@ -452,10 +454,14 @@ class Run:
 
     def save_checkpoint(self):
         if self.master:
-            atomic_torch_save(self.ckpt_path, self.state_dict())
             if self.live is not None:
                 self.live.flush()
+            # the copy of the logs first, the checkpoint last: the checkpoint is the commit point, and
+            # the copy it records is whole whenever it exists (a kill in between leaves the older one)
             self.folder.save_mirror()
+            state = self.state_dict()
+            state["logs"] = self.folder.extent(self.step, self.folder.mirror)
+            atomic_torch_save(self.ckpt_path, state)
 
     def try_resume(self) -> int:
         """Load the checkpoint if there is one the logs reach; the step to start from."""
@@ -470,19 +476,22 @@ class Run:
                               f"{str(exc).splitlines()[0] if str(exc) else ''}); it is damaged or not written by "
                               f"mwm.train: delete it to start the run afresh") from exc
         self._check_checkpoint(ck)
-        if not self.folder.logs_reach(ck["step"]) and self.folder.restore_mirror():
-            self.log("run logs missing or short (a retried job); restored them from the checkpoint's copy")
-        if not self.folder.logs_reach(ck["step"]):
-            self.log(f"checkpoint at step {ck['step']} but the run's logs do not reach it; starting afresh "
-                     "(its logs and checkpoint removed)")
-            if self.master:
-                self.folder.discard_stale()
-            return 0
-        if ck["config_hash"] != config_hash(self._identity()):
+        if ck["config_hash"] != config_hash(self._identity()):  # before anything is copied or moved
+            recorded = ck.get("identity")
+            diff = identity_diff(recorded, self._identity()) if isinstance(recorded, dict) else []
             raise ConfigError(
-                f"checkpoint {self.ckpt_path} belongs to a different configuration; "
-                "delete it or restore the config it was written with"
-            )
+                f"checkpoint {self.ckpt_path} belongs to a different configuration"
+                + (f" ({'; '.join(diff[:4])})" if diff else "")
+                + "; nothing was changed: delete it or restore the config it was written with")
+        step, extent = ck["step"], ck.get("logs")
+        if not self.folder.logs_reach(step, extent) and self.folder.mirror_holds(step, extent):
+            self.folder.restore_mirror()
+            self.log("run logs missing, short or altered (a retried job); restored them from the checkpoint's copy")
+        if not self.folder.logs_reach(step, extent):
+            where = self.folder.set_aside() if self.master else None
+            self.log(f"checkpoint at step {step} but neither the run's logs nor their copy beside it are the ones "
+                     f"it recorded; starting afresh (checkpoint and logs moved to {where})")
+            return 0
         try:
             self.load_state_dict(ck)
         except (KeyError, RuntimeError, TypeError, ValueError) as exc:  # a model or optimizer that does not fit
@@ -494,6 +503,8 @@ class Run:
     #: What every checkpoint holds (:meth:`state_dict`'s keys).
     CHECKPOINT_KEYS = ("step", "model", "optimizers", "last_val", *DivergenceMonitor.KEYS, "step_times",
                        "opt_shares", "rng_torch", "sampler", "rng_cuda", "config_hash")
+    #: What checkpoints hold since they record their identity and their logs' extent; older ones may lack them.
+    OPTIONAL_KEYS = ("identity", "logs")
 
     def _check_checkpoint(self, ck) -> None:
         """A ConfigError naming the file and what it lacks, for a checkpoint short of any key."""
@@ -686,6 +697,8 @@ class Run:
         tc = self.tc
         start = self.try_resume()
         if self.master:
+            if start == 0:  # nothing to continue: logs already there are stale, whatever they hold
+                self.folder.discard_logs()
             self.folder.invalidate_products(start, tc["capture_pairs_step"])
         self.open_logs(start)
         if start:
