@@ -57,8 +57,9 @@ KINDS = {
     "figures": ("report", ("report",), "mwm.report"),
 }
 #: Kinds whose folder DVC leaves in place when it reruns the stage: Snakemake decides what to remake
-#: (tokenized data is hours at paper scale).
-PERSISTENT = ("data",)
+#: (tokenized data is hours at paper scale; finished runs are not in DVC's cache until a stage ends,
+#: so a folder DVC deleted, beside a running snakemake or before one that is refused, is gone).
+PERSISTENT = ("data", "runs", "studies", "figures")
 #: Plots per config: (name, run file, column).
 PLOTS = (("val loss", "eval.csv", "val_loss"), ("sigma_max", "spectral.csv", "sigma_max"))
 
