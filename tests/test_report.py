@@ -163,6 +163,37 @@ def test_report_refuses_a_summary_its_logs_do_not_back(tmp_path, fake_data):
         load_runs(cfg, tmp_path / "out")
 
 
+@pytest.mark.parametrize("log, damage, match", [
+    ("eval.csv", "repeat", r"eval\.csv: line 4 repeats line 3"),
+    ("eval.csv", "cut", r"eval\.csv: line \d+ is cut short"),
+    ("metrics.csv", "cut", r"metrics\.csv: line \d+ is cut short"),
+    ("metrics.csv", "second step", r"metrics\.csv: line 4 is a second row of step 1 \(first on line 3\)"),
+    ("spectral.csv", "fields", r"spectral\.csv: line 2 has \d+ fields, the header \d+"),
+    ("attention.csv", "step", r"attention\.csv: line 2 has step 'x', not a step number"),
+])
+def test_report_refuses_a_damaged_log_naming_file_and_line(tmp_path, fake_data, log, damage, match):
+    from mwm.report.load import ReportError, load_runs
+
+    rc, d = fakedata.run_main(tmp_path, grid__assignments=["none"])
+    assert rc == 0
+    cfg = load_config(tmp_path / "tiny.yaml")
+    load_runs(cfg, tmp_path / "out")
+    lines = (d / log).read_text().splitlines()
+    if damage == "repeat":
+        lines.insert(3, lines[2])
+    elif damage == "second step":
+        fields = lines[3].split(",")
+        lines[3] = ",".join([lines[2].split(",")[0], *fields[1:]])
+    elif damage == "fields":
+        lines[1] += ",1"
+    elif damage == "step":
+        lines[1] = ",".join(["x", *lines[1].split(",")[1:]])
+    text = "\n".join(lines) + "\n"
+    (d / log).write_text(text[:-3] if damage == "cut" else text)
+    with pytest.raises(ReportError, match=match):
+        load_runs(cfg, tmp_path / "out")
+
+
 @pytest.mark.slow
 def test_the_rows_for_the_papers_unnumbered_claims_are_computed_and_judged(results, monkeypatch):
     """The claims the paper makes in words (stability, no NaN, trajectory shapes, the msign estimate, Hetero
@@ -215,6 +246,47 @@ def test_a_study_of_other_numerics_is_refused_with_both_versions(results, tmp_pa
     path.write_text(json.dumps(d))
     with pytest.raises(ReportError, match="no recorded numerics version"):
         load_studies(folder)
+
+
+def test_a_study_run_with_overrides_is_refused_by_the_report(results, tmp_path):
+    from mwm.report.studies import load_studies
+    from mwm.studies import alpha
+
+    root, path, cfg = results
+    folder = tmp_path / "studies"
+    shutil.copytree(root / "results" / "studies" / "tiny", folder)
+    assert load_studies(folder, cfg=cfg)  # every study made from the config's own sections
+    assert alpha.main(["--config", str(path), "--out", str(folder), "studies.alpha.iterations=7"]) == 0
+    with pytest.raises(ReportError, match=r"alpha_derived\.json: made from settings other than studies\.alpha of "
+                                          r"config tiny"):
+        load_studies(folder, cfg=cfg)
+
+
+@pytest.mark.parametrize("fit", [None, {"prefactor": None, "exponent": None, "r2": None},
+                                 {"prefactor": 0.003, "exponent": 0.67, "r2": None}])
+def test_an_alpha_study_without_a_fit_still_reports(results, tmp_path, fit):
+    """Too few sizes, or an optimum at the grid's edge everywhere, leave no fit: the figure draws the observed
+    optima alone and the fit's ledger rows say there is none."""
+    from mwm.report.ledger import build_ledger
+    from mwm.report.load import load_runs
+    from mwm.report.studies import load_studies, studies_report
+    from mwm.report.training import training_report
+
+    root, _, cfg = results
+    folder = tmp_path / "studies"
+    shutil.copytree(root / "results" / "studies" / "tiny", folder)
+    path = folder / "alpha_derived.json"
+    d = json.loads(path.read_text())
+    for m in d["manifolds"].values():
+        m["fit"] = fit
+    path.write_text(json.dumps(d))
+    studies = load_studies(folder, cfg=cfg)
+    studies_report(studies, tmp_path / "pf")
+    assert (tmp_path / "pf" / "fig_alpha_opt_and_convergence.png").is_file()
+    runs = load_runs(cfg, root / "results")
+    numbers = training_report(cfg, runs, tmp_path / "pf")
+    ledger = build_ledger(cfg, numbers["results"], runs, studies).set_index("id")
+    assert ledger.loc["alpha.fit.r2", "rebuilt"] == "--" or fit and fit.get("r2") is not None
 
 
 def test_a_report_folder_that_cannot_be_written_is_a_one_line_error(tmp_path, capsys, monkeypatch):

@@ -36,7 +36,7 @@ from mwm.report.training import training_report
 def build(cfg: dict, results: Path, out: Path) -> Path:
     folder = inside(results / "studies", cfg["name"], what="config name")
     if cfg["workflow"]["report"] == "solvers":  # a config that measures the inner solvers alone
-        solver_study_report(load_studies(folder, required=SOLVER_STUDY_FILES), out)
+        solver_study_report(load_studies(folder, required=SOLVER_STUDY_FILES, cfg=cfg), out)
         return out
     runs = load_runs(cfg, results)
     if cfg["workflow"]["report"] == "sweep":  # a learning-rate sweep: its figures, tables and ledger rows
@@ -44,12 +44,12 @@ def build(cfg: dict, results: Path, out: Path) -> Path:
         return out
     if cfg["workflow"]["report"] == "mechanism":  # the causal experiment, and the solver study on its pairs
         write_ledger(build_mechanism_ledger(cfg, mechanism_report(cfg, runs, out)), out)
-        solver_study_report(load_studies(folder, required=SOLVER_STUDY_FILES), out)
+        solver_study_report(load_studies(folder, required=SOLVER_STUDY_FILES, cfg=cfg), out)
         return out
     if cfg["workflow"]["report"] == "mechanism2":  # the second causal experiment, from its runs alone
         write_ledger(build_mechanism2_ledger(cfg, mechanism2_report(cfg, runs, out)), out)
         return out
-    studies = load_studies(folder)
+    studies = load_studies(folder, cfg=cfg)
     out.mkdir(parents=True, exist_ok=True)
     numbers = training_report(cfg, runs, out)
     studies_report(studies, out)

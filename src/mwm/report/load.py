@@ -39,6 +39,40 @@ def _read_csv(path: Path) -> pd.DataFrame:
         raise ReportError(f"cannot read {path}: {exc}") from exc
 
 
+#: Logs in which a step appears once (the others hold one row per step and matrix, layer or head).
+ONE_ROW_PER_STEP = ("metrics.csv", "eval.csv")
+
+
+def _read_log(path: Path) -> pd.DataFrame:
+    """A run's CSV log, whole: every line ends, has the header's fields and an integer step, and no row
+    is there twice (in metrics.csv and eval.csv, no step). A log cut short or written twice would
+    otherwise pass into a figure; the error names the file and the line."""
+    text = path.read_text(errors="replace")
+    if text and not text.endswith("\n"):
+        raise ReportError(f"{path}: line {text.count(chr(10)) + 1} is cut short (the file ends inside it); "
+                          "rerun the run")
+    lines = text.splitlines()
+    header = lines[0].split(",") if lines else []
+    step_at = header.index("step") if "step" in header else None
+    seen_rows: dict[str, int] = {}
+    seen_steps: dict[str, int] = {}
+    for i, line in enumerate(lines[1:], start=2):
+        fields = line.split(",")
+        if len(fields) != len(header):
+            raise ReportError(f"{path}: line {i} has {len(fields)} fields, the header {len(header)}; rerun the run")
+        if step_at is not None and not fields[step_at].isdigit():
+            raise ReportError(f"{path}: line {i} has step {fields[step_at]!r}, not a step number; rerun the run")
+        if line in seen_rows:
+            raise ReportError(f"{path}: line {i} repeats line {seen_rows[line]}; rerun the run")
+        seen_rows[line] = i
+        if step_at is not None and path.name in ONE_ROW_PER_STEP:
+            if fields[step_at] in seen_steps:
+                raise ReportError(f"{path}: line {i} is a second row of step {fields[step_at]} (first on line "
+                                  f"{seen_steps[fields[step_at]]}); rerun the run")
+            seen_steps[fields[step_at]] = i
+    return _read_csv(path)
+
+
 def load_runs(cfg: dict, root: str | Path = "results") -> dict[tuple[str, int], RunData]:
     """Every (variant, seed) of the config's grid."""
     missing, foreign, runs = [], [], {}
@@ -54,8 +88,8 @@ def load_runs(cfg: dict, root: str | Path = "results") -> dict[tuple[str, int], 
             except json.JSONDecodeError as exc:
                 raise ReportError(f"{d / 'summary.json'} is not valid JSON: {exc}") from exc
             runs[variant, seed] = RunData(
-                variant, seed, d, summary, _read_csv(d / "eval.csv"), _read_csv(d / "spectral.csv"),
-                _read_csv(d / "attention.csv"), _read_csv(d / "metrics.csv"), _read_csv(d / "solver.csv"),
+                variant, seed, d, summary, _read_log(d / "eval.csv"), _read_log(d / "spectral.csv"),
+                _read_log(d / "attention.csv"), _read_log(d / "metrics.csv"), _read_log(d / "solver.csv"),
             )
             check_backed(runs[variant, seed])
             problem = identity_problem(summary, expected_identity(cfg, variant, seed))

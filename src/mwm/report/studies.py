@@ -24,9 +24,11 @@ STUDY_FILES = study_files(("alpha", "absorption", "audits"), reads=True)
 SOLVER_STUDY_FILES = study_files(("solvers",), reads=True)
 
 
-def load_studies(folder: str | Path, required: tuple[str, ...] = STUDY_FILES) -> dict:
+def load_studies(folder: str | Path, required: tuple[str, ...] = STUDY_FILES, cfg: dict | None = None) -> dict:
     """The study results under ``folder``: every ``required`` file (an error names the
-    missing ones) and the solver study's when present."""
+    missing ones) and the solver study's when present. Each result's provenance is checked: made by this
+    code's numerics and, given the config ``cfg``, from its own ``studies.<study>`` section (a study run by
+    hand with overrides is refused, naming the file)."""
     folder = Path(folder)
     missing = [f for f in required if not (folder / f).exists()]
     if missing:
@@ -38,9 +40,26 @@ def load_studies(folder: str | Path, required: tuple[str, ...] = STUDY_FILES) ->
             out[f] = json.loads((folder / f).read_text()) if f.endswith(".json") else pd.read_csv(folder / f)
         except Exception as exc:  # json or pandas errors
             raise ReportError(f"cannot read {folder / f}: {exc}") from exc
-        if f.endswith("_derived.json"):
+        if f.endswith(".json"):
             _check_numerics(folder / f, out[f])
+            if cfg is not None:
+                _check_section(folder / f, out[f], cfg)
     return out
+
+
+def _check_section(path: Path, derived: dict, cfg: dict) -> None:
+    """A study whose recorded section hash is not that of the config's section is refused: its numbers
+    would stand in the report under settings that did not make them."""
+    from mwm.config import config_hash
+
+    study = path.name.split("_")[0].split(".")[0]
+    section = (cfg.get("studies") or {}).get(study)
+    got = (derived.get("meta") or {}).get("section_hash")
+    if section is None or got == config_hash(section):
+        return
+    raise ReportError(f"{path}: made from settings other than studies.{study} of config {cfg['name']} (section "
+                      f"hash {got}, the config's {config_hash(section)}): a study run with overrides or another "
+                      "config; rerun it from the config (snakemake reruns it once this file is removed)")
 
 
 def _check_numerics(path: Path, derived: dict) -> None:
@@ -82,10 +101,12 @@ def fig_alpha(st: dict, out: Path) -> None:
         a = np.array([r["alpha_opt"] for r in ps])
         axes[0].plot(n, a, "o", color=f"C{i}", label=rf"{mf}: observed $\alpha_{{opt}}$")
         fit = d.get("fit") or {}
-        if fit.get("prefactor") is not None:
+        if fit.get("prefactor") is not None and fit.get("exponent") is not None:
             xs = np.geomspace(n.min(), n.max(), 50)
+            r2 = fit.get("r2")  # undefined for a fit through two points or a flat optimum
             axes[0].plot(xs, fit["prefactor"] * xs ** fit["exponent"], color=f"C{i}",
-                         label=rf"fit ${fit['prefactor']:.2g}\,n^{{{fit['exponent']:.2f}}}$, $r^2$ = {fit['r2']:.2f}")
+                         label=rf"fit ${fit['prefactor']:.2g}\,n^{{{fit['exponent']:.2f}}}$, $r^2$ = "
+                               + ("--" if r2 is None else f"{r2:.2f}"))
     xs = np.geomspace(16, 1024, 50)
     pf, pe = paper.ALPHA_FIT["prefactor"], paper.ALPHA_FIT["exponent"]
     axes[0].plot(xs, paper.paper_fit_alpha(xs), "k--", lw=0.8, label=rf"paper: ${pf:g}\,n^{{{pe:g}}}$")
