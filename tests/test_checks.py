@@ -143,3 +143,19 @@ def test_a_sweep_solver_study_captures_the_variant_at_its_rate(tmp_path):
         bad["studies"]["solvers"]["rate"] = rate
         with pytest.raises(ConfigError, match=match):
             check_config(bad, "config/mechanism.yaml")
+
+
+def test_a_logger_whose_package_is_missing_is_refused_before_any_job(monkeypatch):
+    import importlib.util
+
+    from mwm.config import load_config
+    from mwm.config.checks import check_config
+
+    cfg = load_config(Path(__file__).resolve().parents[1] / "config" / "ci.yaml")
+    cfg["workflow"]["loggers"] = ["dvclive"]
+    check_config(cfg, "config/ci.yaml")  # installed here: accepted
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "dvclive" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"config/ci\.yaml: workflow\.loggers: dvclive needs the dvclive package, "
+                                          r"which is not installed: pip install dvclive"):
+        check_config(cfg, "config/ci.yaml")

@@ -21,7 +21,7 @@ from mwm.config import ConfigError
 from mwm.data.splits import check_splits, min_split_tokens
 from mwm.workflow.variants import check_sweep
 
-__all__ = ["check_config", "check_run", "check_splits", "min_split_tokens"]
+__all__ = ["check_config", "check_run", "check_loggers", "check_splits", "min_split_tokens"]
 
 
 def _source(cfg: dict, source: str | None) -> str:
@@ -36,6 +36,21 @@ def check_config(cfg: dict, source: str | None = None) -> None:
         check_run(cfg, name, where)
     _check_grid_capture(cfg, where)
     check_sweep(cfg, where)
+    check_loggers(cfg, where)
+
+
+def check_loggers(cfg: dict, source: str | None = None) -> None:
+    """Every logger of ``workflow.loggers`` has its package installed (else every training job would die
+    on its import, after the plan passed)."""
+    import importlib.util
+
+    from mwm.train.live import LOGGERS
+
+    for name in (cfg.get("workflow") or {}).get("loggers") or []:
+        package = LOGGERS.get(name)
+        if package is not None and importlib.util.find_spec(package) is None:
+            raise ConfigError(f"{_source(cfg, source)}: workflow.loggers: {name} needs the {package} package, which "
+                              f"is not installed: pip install {package} (pinned in pyproject.toml), or drop {name}")
 
 
 def check_run(cfg: dict, assignment: str, source: str | None = None) -> None:

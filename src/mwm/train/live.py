@@ -20,8 +20,9 @@ from typing import Iterable
 
 __all__ = ["LOGGERS", "scalars", "LiveLogs", "TeeLog"]
 
-#: The loggers a config may choose; each writes the run's folder of its own name.
-LOGGERS = ("tensorboard", "dvclive")
+#: The loggers a config may choose (each writes the run's folder of its own name), with the package each
+#: needs installed (checked before any job starts: :func:`mwm.config.checks.check_config`).
+LOGGERS = {"tensorboard": "tensorboard", "dvclive": "dvclive"}
 
 
 def scalars(table: str, row: dict) -> list[tuple[str, float]]:
