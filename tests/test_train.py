@@ -731,3 +731,14 @@ def test_stale_logs_without_a_checkpoint_do_not_fail_the_run(tmp_path, fake_data
     (d / "metrics.csv").write_text(stale)
     rc, d = fakedata.run_main(tmp_path)
     assert rc == 0 and json.loads((d / "summary.json").read_text())["status"] == "completed"
+
+
+def test_nproc_that_the_grad_accum_cannot_share_is_refused_before_torchrun(tmp_path, fake_data, capsys, monkeypatch):
+    import mwm.train.loop as loop
+
+    started = []
+    monkeypatch.setattr(loop, "launch", lambda *a, **k: started.append(a) or 0)
+    rc, _ = fakedata.run_main(tmp_path, "--nproc", "2", train__grad_accum=1)
+    err = capsys.readouterr().err
+    assert rc == 2 and started == [] and err.count("\n") == 1, err
+    assert "train.grad_accum=1" in err and "multiple of the 2 ranks" in err

@@ -865,6 +865,7 @@ def main(argv=None) -> int:
         if int(os.environ.get("RANK", "0")) == 0:
             claim(out, base, args.config)  # the results of base's name belong to this config file
         nproc = args.nproc or ranks_per_run(cfg)
+        accum_per_rank(cfg["train"], nproc)  # --nproc too: each rank would refuse it after torchrun started
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
