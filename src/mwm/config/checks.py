@@ -44,7 +44,7 @@ def check_loggers(cfg: dict, source: str | None = None) -> None:
     on its import, after the plan passed)."""
     import importlib.util
 
-    from mwm.train.live import LOGGERS
+    from mwm.config.names import LOGGERS
 
     for name in (cfg.get("workflow") or {}).get("loggers") or []:
         package = LOGGERS.get(name)

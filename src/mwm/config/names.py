@@ -91,6 +91,9 @@ MSIGN_KEYS: dict[str, tuple[str, ...]] = {"msign_steps": ("msign_steps",), "prec
 #: Which modules' inner solves ``train.solver_normalize`` scale-normalizes (:func:`mwm.optim.solvers.scaled_solve`):
 #: module kind(s) per scope.
 NORMALIZE_SCOPES: dict[str, tuple[str, ...]] = {"all": ("attn", "mlp"), "attn": ("attn",), "mlp": ("mlp",)}
+#: Live loggers a config may choose (``workflow.loggers``, :mod:`mwm.train.live`; each writes the run's folder
+#: of its own name), with the package each needs installed (checked before any job starts).
+LOGGERS = {"tensorboard": "tensorboard", "dvclive": "dvclive"}
 #: msign precisions (:mod:`mwm.optim.msign`): ``float32``, and ``bfloat16`` as the released code runs it.
 PRECISIONS = ("float32", "bfloat16")
 #: Polar Express steps of every msign in the Manifold Muon reference code (8 published triples, the

@@ -18,11 +18,9 @@ import shutil
 from pathlib import Path
 from typing import Iterable
 
-__all__ = ["LOGGERS", "scalars", "LiveLogs", "TeeLog"]
+from mwm.config.names import LOGGERS  # the loggers a config may choose
 
-#: The loggers a config may choose (each writes the run's folder of its own name), with the package each
-#: needs installed (checked before any job starts: :func:`mwm.config.checks.check_config`).
-LOGGERS = {"tensorboard": "tensorboard", "dvclive": "dvclive"}
+__all__ = ["LOGGERS", "scalars", "LiveLogs", "TeeLog"]
 
 
 def scalars(table: str, row: dict) -> list[tuple[str, float]]:
