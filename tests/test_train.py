@@ -604,26 +604,29 @@ def test_a_gpu_without_native_bfloat16_is_refused_naming_the_keys():
     check_bfloat16({"dtype": "bfloat16", "msign_precision": "bfloat16"}, dev, native=True)
 
 
-def test_tf32_goes_through_the_current_api_without_a_deprecation_warning():
+def test_tf32_goes_through_one_api_and_every_getter_still_reads_it():
     import warnings
 
     from mwm.train.loop import set_matmul_precision
 
-    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
-    if not hasattr(matmul, "fp32_precision"):
-        pytest.skip("this torch has only allow_tf32")
-    before = matmul.fp32_precision, conv.fp32_precision
+    before = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             set_matmul_precision({"tf32": True}, torch.device("cuda"))
-            assert (matmul.fp32_precision, conv.fp32_precision) == ("tf32", "tf32")
+            # the legacy getters inductor reads, and the new ones: none raises, all agree
+            assert torch.get_float32_matmul_precision() == "high"
+            assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+            if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+                assert torch.backends.cuda.matmul.fp32_precision == "tf32"
             set_matmul_precision({"tf32": False}, torch.device("cuda"))
-            assert (matmul.fp32_precision, conv.fp32_precision) == ("ieee", "ieee")
+            assert torch.get_float32_matmul_precision() == "highest"
+            assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
             set_matmul_precision({"tf32": True}, torch.device("cpu"))  # no effect on CPU
-            assert matmul.fp32_precision == "ieee"
+            assert torch.get_float32_matmul_precision() == "highest"
     finally:
-        matmul.fp32_precision, conv.fp32_precision = before
+        torch.set_float32_matmul_precision(before[0])
+        torch.backends.cudnn.allow_tf32 = before[1]
 
 
 class _Killed(BaseException):

@@ -335,17 +335,14 @@ def set_matmul_precision(tc: dict, device: torch.device) -> None:
     train.py sets it (``torch.backends.cuda.matmul.allow_tf32``, ``cudnn.allow_tf32``).
     PyTorch's switch is global: the optimizer's float32 matmuls (the inner solver's
     products; msign in bfloat16 is not affected) run in TF32 too, as they did there.
-    Off: full float32. No effect on CPU. Through ``fp32_precision`` where torch has it (``allow_tf32``
-    is deprecated there), else the older switches."""
+    Off: full float32. No effect on CPU. Through one API only,
+    ``torch.set_float32_matmul_precision`` and cudnn's ``allow_tf32``: setting the newer
+    ``fp32_precision`` as well makes every later legacy getter (which inductor's autotuning
+    reads) raise "mix of the legacy and new APIs"."""
     if device.type != "cuda":
         return
-    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
-        mode = "tf32" if tc["tf32"] else "ieee"
-        torch.backends.cuda.matmul.fp32_precision = mode
-        torch.backends.cudnn.conv.fp32_precision = mode
-    else:
-        torch.backends.cuda.matmul.allow_tf32 = bool(tc["tf32"])
-        torch.backends.cudnn.allow_tf32 = bool(tc["tf32"])
+    torch.set_float32_matmul_precision("high" if tc["tf32"] else "highest")
+    torch.backends.cudnn.allow_tf32 = bool(tc["tf32"])
 
 
 LOG_COLUMNS = {"metrics": METRIC_COLUMNS, "eval": EVAL_COLUMNS, "spectral": SPECTRAL_COLUMNS,
