@@ -32,7 +32,7 @@ def test_gpu_check_runs_on_cpu(tmp_path):
 
 
 def test_gpu_check_refuses_a_bad_command_line(tmp_path):
-    for args in ([], ["--cpu"], ["--bogus"], ["a", "b"]):
+    for args in ([], ["--cpu"], ["--bogus"], ["a", "b"], ["--deadline", "5", "o"], ["--deadline", "x", "o"]):
         res = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=60)
         assert res.returncode == 2 and "gpu_check.sh --prepare" in res.stdout, args
 
@@ -42,3 +42,33 @@ def test_gpu_check_without_a_gpu_says_so(tmp_path):
     res = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out")], capture_output=True, text=True, env=env,
                          timeout=120)
     assert res.returncode == 1 and "no CUDA device here; use --cpu" in res.stdout
+
+
+def test_a_missing_package_fails_in_the_first_seconds_with_the_fix(tmp_path):
+    # -S: a Python without site-packages, as bare as an image that lacks them
+    env = dict(os.environ, PYTHON=f"{sys.executable} -S")
+    res = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out")], capture_output=True, text=True, env=env,
+                         timeout=60)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "jsonschema" in res.stdout and "not importable here" in res.stdout
+    assert "bash scripts/gpu_check.sh --prepare" in res.stdout and "Traceback" not in res.stdout + res.stderr
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    assert "done: exit 1" in summary
+    for name in ("gpu_tier.log", "bench_gpu.log", "bench_gpu.json"):
+        assert (tmp_path / "out" / name).is_file(), name
+
+
+@pytest.mark.slow
+def test_the_check_ends_by_its_deadline_and_says_what_it_cut(tmp_path):
+    import time
+
+    env = dict(os.environ, PYTHON=sys.executable)
+    t0 = time.monotonic()
+    res = subprocess.run(["bash", str(SCRIPT), "--cpu", "--deadline", "30", str(tmp_path / "out")],
+                         capture_output=True, text=True, env=env, timeout=120)
+    took = time.monotonic() - t0
+    assert res.returncode == 3, res.stdout[-3000:] + res.stderr[-3000:]  # cut, not failed
+    assert took < 30 + 15, took
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    assert "cut by the deadline" in summary and "done: exit 3" in summary
+    assert json.loads((tmp_path / "out" / "bench_gpu.json").read_text())["results"] == []
