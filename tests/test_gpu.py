@@ -164,7 +164,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_ddp_over_one_rank_matches_the_plain_run(tmp_path):
+def test_ddp_over_one_rank_matches_the_plain_run(tmp_path, monkeypatch):
     """DDP (NCCL on a GPU, gloo on CPU) with one rank: gradients go through the
     all-reduce hooks, ``no_sync`` for the first micro-batches, and the run trains to the
     plain run's losses."""
@@ -175,6 +175,9 @@ def test_ddp_over_one_rank_matches_the_plain_run(tmp_path):
     cfg = load_config(cfg_path)
     plain = Run(cfg, "hetero", 0, "paper", tmp_path / "plain")
     assert plain.run() == 0 and plain.ddp is None
+    # one rank on loopback: a lent machine's other interfaces (InfiniBand, none routed) must not be tried
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "lo")
+    monkeypatch.setenv("NCCL_IB_DISABLE", "1")
     dist.init_process_group("nccl" if ON_GPU else "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}",
                             rank=0, world_size=1)
     try:

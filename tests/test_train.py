@@ -745,3 +745,19 @@ def test_nproc_that_the_grad_accum_cannot_share_is_refused_before_torchrun(tmp_p
     err = capsys.readouterr().err
     assert rc == 2 and started == [] and err.count("\n") == 1, err
     assert "train.grad_accum=1" in err and "multiple of the 2 ranks" in err
+
+
+def test_a_factorization_that_breaks_in_an_exploding_run_marks_it_unstable(tmp_path, fake_data, monkeypatch):
+    from mwm.train.loop import Run
+
+    real = Run.train_step
+
+    def step(self):
+        if self.step == 5:
+            raise torch.linalg.LinAlgError("linalg.eigh: The algorithm failed to converge")
+        real(self)
+
+    monkeypatch.setattr(Run, "train_step", step)
+    rc, d = fakedata.run_main(tmp_path)
+    summary = json.loads((d / "summary.json").read_text())
+    assert rc == 0 and summary["status"] == "unstable" and summary["onset_step"] == 5

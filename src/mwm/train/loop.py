@@ -725,8 +725,10 @@ class Run:
             self.save_checkpoint()
             self.log(f"preempted: checkpoint at step {self.step}, exiting with {EXIT_PREEMPTED}")
             return EXIT_PREEMPTED
-        except FloatingPointError as exc:
-            self.log(f"non-finite values: {exc}")
+        except (FloatingPointError, torch.linalg.LinAlgError) as exc:
+            # an exploding run may first break a factorization (eigh, SVD) of its grown weights
+            what = "non-finite values" if isinstance(exc, FloatingPointError) else "a factorization failed"
+            self.log(f"{what}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
             self.divergence.mark_unstable(self.step)
             stopped = True
         self.finish(stopped)
