@@ -761,3 +761,57 @@ def test_a_factorization_that_breaks_in_an_exploding_run_marks_it_unstable(tmp_p
     rc, d = fakedata.run_main(tmp_path)
     summary = json.loads((d / "summary.json").read_text())
     assert rc == 0 and summary["status"] == "unstable" and summary["onset_step"] == 5
+
+
+_RANK_CHILD = """
+import os, sys
+sys.path.insert(0, {tests!r})
+import fakedata
+fakedata.patch()
+import mwm.train.loop as loop
+from mwm.workflow.runs import RunFolder
+phase, rank = sys.argv[1], int(os.environ["RANK"])
+if phase == "kill":
+    real = loop.Run.save_checkpoint
+    def save(self):
+        real(self)
+        if self.step == 8:
+            os._exit(9)
+    loop.Run.save_checkpoint = save
+elif rank == 1:  # this rank looks while rank 0 restores the logs: it would decide to start afresh
+    RunFolder.logs_reach = lambda self, step, extent=None: False
+sys.exit(loop.main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.slow
+def test_ranks_resume_from_rank_0_s_decision(tmp_path):
+    import socket
+
+    cfg = fakedata.write_config(tmp_path / "tiny.yaml", train__grad_accum=2)
+    out = tmp_path / "out"
+    code = _RANK_CHILD.format(tests=str(Path(fakedata.__file__).parent))
+
+    def ranks(phase):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        procs = []
+        for rank in (0, 1):
+            env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(port), PYTHONPATH=os.pathsep.join(sys.path))
+            procs.append(subprocess.Popen([sys.executable, "-c", code, phase, "--config", str(cfg), "--assignment",
+                                           "none", "--seed", "0", "--out", str(out), "--threads", "1"],
+                                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        return [(p.wait(timeout=300), p.stdout.read()) for p in procs]
+
+    ranks("kill")
+    ck = out / "checkpoints" / "tiny" / "none" / "seed0" / "ckpt.pt"
+    assert torch.load(ck, weights_only=True)["step"] == 8
+    (r0, log0), (r1, log1) = ranks("resume")
+    assert (r0, r1) == (0, 0), log0[-2000:] + log1[-2000:]
+    d = out / "runs" / "tiny" / "none" / "seed0"
+    s = json.loads((d / "summary.json").read_text())
+    assert s["status"] == "completed" and s["world_size"] == 2 and "resumed" in log0
+    steps = [line.split(",")[0] for line in (d / "metrics.csv").read_text().splitlines()[1:]]
+    assert steps == [str(i) for i in range(12)]

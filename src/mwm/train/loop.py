@@ -460,19 +460,29 @@ class Run:
             state["logs"] = self.folder.extent(self.step, self.folder.mirror)
             atomic_torch_save(self.ckpt_path, state)
 
+    def resume(self) -> int:
+        """The step to start from, the same on every rank: rank 0 alone decides (:meth:`try_resume`: it
+        may restore the logs or set the checkpoint aside) and broadcasts it; the others then load the
+        checkpoint it resumed from. Ranks deciding apart could start at different steps and hang."""
+        if self.world == 1:
+            return self.try_resume()
+        start = self.try_resume() if self.master else 0
+        flag = torch.tensor([start], dtype=torch.int64, device=self.device)
+        torch.distributed.broadcast(flag, src=0)
+        start = int(flag.item())
+        if not self.master and start:
+            ck = self._load_checkpoint()
+            if ck["step"] != start:
+                raise ConfigError(f"checkpoint {self.ckpt_path} is at step {ck['step']}, rank 0 resumed at {start}: "
+                                  "another process wrote it meanwhile; rerun the job")
+            self._load_state(ck)
+        return start
+
     def try_resume(self) -> int:
         """Load the checkpoint if there is one the logs reach; the step to start from."""
         if not self.ckpt_path.exists():
             return 0
-        try:  # tensors and plain containers only: a planted pickle cannot run code
-            # to the CPU: the RNG states must stay there, AdamW's step counters too (a GPU one
-            # costs a sync per step); load_state_dict puts weights and buffers on the device
-            ck = torch.load(self.ckpt_path, map_location="cpu", weights_only=True)
-        except Exception as exc:
-            raise ConfigError(f"checkpoint {self.ckpt_path} cannot be loaded as weights only ({type(exc).__name__}: "
-                              f"{str(exc).splitlines()[0] if str(exc) else ''}); it is damaged or not written by "
-                              f"mwm.train: delete it to start the run afresh") from exc
-        self._check_checkpoint(ck)
+        ck = self._load_checkpoint()
         if ck["config_hash"] != config_hash(self._identity()):  # before anything is copied or moved
             recorded = ck.get("identity")
             diff = identity_diff(recorded, self._identity()) if isinstance(recorded, dict) else []
@@ -485,17 +495,33 @@ class Run:
             self.folder.restore_mirror()
             self.log("run logs missing, short or altered (a retried job); restored them from the checkpoint's copy")
         if not self.folder.logs_reach(step, extent):
-            where = self.folder.set_aside() if self.master else None
+            where = self.folder.set_aside()
             self.log(f"checkpoint at step {step} but neither the run's logs nor their copy beside it are the ones "
                      f"it recorded; starting afresh (checkpoint and logs moved to {where})")
             return 0
+        self._load_state(ck)
+        return self.step
+
+    def _load_checkpoint(self) -> dict:
+        """The checkpoint, read as weights only and checked for every key."""
+        try:  # tensors and plain containers only: a planted pickle cannot run code
+            # to the CPU: the RNG states must stay there, AdamW's step counters too (a GPU one
+            # costs a sync per step); load_state_dict puts weights and buffers on the device
+            ck = torch.load(self.ckpt_path, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise ConfigError(f"checkpoint {self.ckpt_path} cannot be loaded as weights only ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0] if str(exc) else ''}); it is damaged or not written by "
+                              f"mwm.train: delete it to start the run afresh") from exc
+        self._check_checkpoint(ck)
+        return ck
+
+    def _load_state(self, ck: dict) -> None:
         try:
             self.load_state_dict(ck)
         except (KeyError, RuntimeError, TypeError, ValueError) as exc:  # a model or optimizer that does not fit
             raise ConfigError(f"checkpoint {self.ckpt_path} does not fit this run ({type(exc).__name__}: "
                               f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); it is damaged or was written by "
                               "other code: delete it to start the run afresh") from exc
-        return self.step
 
     #: What every checkpoint holds (:meth:`state_dict`'s keys).
     CHECKPOINT_KEYS = ("step", "model", "optimizers", "last_val", *DivergenceMonitor.KEYS, "step_times",
@@ -692,7 +718,7 @@ class Run:
 
     def run(self) -> int:
         tc = self.tc
-        start = self.try_resume()
+        start = self.resume()
         if self.master:
             if start == 0:  # nothing to continue: logs already there are stale, whatever they hold
                 self.folder.discard_logs()
