@@ -173,35 +173,50 @@ def mechanism_tables(cfg: dict, res: pd.DataFrame, out: Path) -> None:
                 "those where the intervention trained (the mech.* ledger rows pool them per kind)")
 
 
-def fig_mechanism_loss(cfg: dict, res: pd.DataFrame, out: Path) -> None:
+def _round1_kind(grid: dict, arm: str) -> str | None:
+    return intervention_kind(grid, arm) if arm in grid["intervention"] else None
+
+
+#: Markers of fig_mechanism_loss per kind of arm (None: a plain arm).
+LOSS_MARKERS = {None: "o", "cap": "^", "normalized": "s", "mlp_control": "v"}
+
+
+def fig_mechanism_loss(cfg: dict, res: pd.DataFrame, out: Path, kind_of=_round1_kind, markers=LOSS_MARKERS,
+                       name: str = "fig_mechanism_loss", title: str | None = None) -> None:
+    """Every seed's final loss per arm and rate, circled where it failed, with the seeds' failure thresholds;
+    ``kind_of(grid, arm)`` picks each arm's marker from ``markers``; where ``res`` has a ``check`` column, a red
+    x marks the runs whose manipulation check failed."""
     import matplotlib.pyplot as plt
 
     from mwm.report import style
 
     rates = sorted(res.rate.unique())
     arms = list(dict.fromkeys(res.arm))
-    markers = {None: "o", "cap": "^", "normalized": "s", "mlp_control": "v"}
     fig, axes = plt.subplots(1, len(rates), figsize=(style.FULL, 2.8), sharey=True, squeeze=False)
     for ax, rate in zip(axes[0], rates):
         d = res[res.rate == rate]
         for i, arm in enumerate(arms):
             g = d[d.arm == arm]
             base = cfg["grid"]["intervention"].get(arm, arm)
-            y = g.final_val_loss.values
+            y = g.final_val_loss.values.astype(float)
             x = i + np.linspace(-0.2, 0.2, len(g)) if len(g) > 1 else np.full(len(g), float(i))
-            kind = intervention_kind(cfg["grid"], arm) if arm in cfg["grid"]["intervention"] else None
-            ax.scatter(x, y, s=9, color=style.color(base), marker=markers.get(kind, "D"), linewidths=0.8)
-            bad = g.failed == True  # noqa: E712
-            ax.scatter(x[bad.values], y[bad.values], s=30, facecolors="none", edgecolors="k", linewidths=0.6)
+            ax.scatter(x, y, s=9, color=style.color(base), marker=markers.get(kind_of(cfg["grid"], arm), "D"),
+                       linewidths=0.8)
+            bad = (g.failed == True).values  # noqa: E712
+            ax.scatter(x[bad], y[bad], s=30, facecolors="none", edgecolors="k", linewidths=0.6)
+            if "check" in g:
+                unchecked = (g.check == False).values  # noqa: E712
+                ax.scatter(x[unchecked], y[unchecked], s=22, marker="x", color="r", linewidths=0.6)
         thr = d.drop_duplicates("seed").reference_loss + paper.FAIL_MARGIN
-        ax.axhspan(thr.min(), thr.max(), color="grey", alpha=0.2, lw=0)
+        if thr.notna().any():
+            ax.axhspan(thr.min(), thr.max(), color="grey", alpha=0.2, lw=0)
         ax.set_xticks(range(len(arms)))
         ax.set_xticklabels(arms, rotation=60, ha="right", fontsize=5)
         ax.set_title(rf"$\eta$ = {rate_label(rate)}")
     axes[0][0].set_ylabel("final val loss (circled: failed)")
-    fig.suptitle("Each seed of each arm; grey band: the failure thresholds of the seeds (worse Stiefel-attention "
-                 f"reference + {paper.FAIL_MARGIN:g})")
-    style.save(fig, out, "fig_mechanism_loss")
+    fig.suptitle(title or ("Each seed of each arm; grey band: the failure thresholds of the seeds (worse "
+                           f"Stiefel-attention reference + {paper.FAIL_MARGIN:g})"))
+    style.save(fig, out, name)
 
 
 def _chain_cases(cfg: dict, res: pd.DataFrame) -> list[tuple[str, float, int, bool]]:

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from mwm import paper
-from mwm.report.mechanism import fig_mechanism_chain, mechanism_results
+from mwm.report.mechanism import fig_mechanism_chain, fig_mechanism_loss, mechanism_results
 from mwm.report.tables import write_table
 from mwm.train import manipulation
 from mwm.workflow.runs import run_config
@@ -231,37 +231,11 @@ def mechanism2_tables(cfg: dict, runs, res: pd.DataFrame, out: Path) -> None:
 
 
 def fig_mechanism2_loss(cfg: dict, res: pd.DataFrame, out: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    from mwm.report import style
-
-    rates = sorted(res.rate.unique())
-    arms = list(dict.fromkeys(res.arm))
-    markers = {None: "o", "solver": "s", "solver_attn": "D", "saturation": "^"}
-    fig, axes = plt.subplots(1, len(rates), figsize=(style.FULL, 2.8), sharey=True, squeeze=False)
-    for ax, rate in zip(axes[0], rates):
-        d = res[res.rate == rate]
-        for i, arm in enumerate(arms):
-            g = d[d.arm == arm]
-            base = cfg["grid"]["intervention"].get(arm, arm)
-            y = g.final_val_loss.values.astype(float)
-            x = i + np.linspace(-0.2, 0.2, len(g)) if len(g) > 1 else np.full(len(g), float(i))
-            ax.scatter(x, y, s=9, color=style.color(base), marker=markers.get(arm_kind(cfg["grid"], arm), "o"),
-                       linewidths=0.8)
-            bad = (g.failed == True).values  # noqa: E712
-            ax.scatter(x[bad], y[bad], s=30, facecolors="none", edgecolors="k", linewidths=0.6)
-            unchecked = (g.check == False).values  # noqa: E712
-            ax.scatter(x[unchecked], y[unchecked], s=22, marker="x", color="r", linewidths=0.6)
-        thr = d.drop_duplicates("seed").reference_loss + paper.FAIL_MARGIN
-        if thr.notna().any():
-            ax.axhspan(thr.min(), thr.max(), color="grey", alpha=0.2, lw=0)
-        ax.set_xticks(range(len(arms)))
-        ax.set_xticklabels(arms, rotation=60, ha="right", fontsize=5)
-        ax.set_title(rf"$\eta$ = {rate_label(rate)}")
-    axes[0][0].set_ylabel("final val loss (circled: failed)")
-    fig.suptitle("Each seed of each arm (red x: its manipulation check failed); grey band: the failure thresholds "
-                 f"(worse Stiefel-attention reference + {paper.FAIL_MARGIN:g})")
-    style.save(fig, out, "fig_mechanism2_loss")
+    fig_mechanism_loss(cfg, res, out, kind_of=arm_kind,
+                       markers={None: "o", "solver": "s", "solver_attn": "D", "saturation": "^"},
+                       name="fig_mechanism2_loss",
+                       title="Each seed of each arm; red x: its manipulation check failed; grey: the failure "
+                             f"thresholds (reference + {paper.FAIL_MARGIN:g})")
 
 
 def _twins(cfg: dict, base: str) -> list[tuple[str, str]]:
