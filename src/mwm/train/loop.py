@@ -749,6 +749,8 @@ class Run:
                     self.save_checkpoint()
         except Preempted:
             self.save_checkpoint()
+            if self.world > 1:  # no rank exits 75 before rank 0's checkpoint is down: torchrun would fail the group
+                torch.distributed.barrier()
             self.log(f"preempted: checkpoint at step {self.step}, exiting with {EXIT_PREEMPTED}")
             return EXIT_PREEMPTED
         except (FloatingPointError, torch.linalg.LinAlgError) as exc:
