@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -778,37 +779,56 @@ if phase == "kill":
         if self.step == 8:
             os._exit(9)
     loop.Run.save_checkpoint = save
-elif rank == 1:  # this rank looks while rank 0 restores the logs: it would decide to start afresh
+elif phase == "resume" and rank == 1:  # this rank looks while rank 0 restores the logs: it would start afresh
     RunFolder.logs_reach = lambda self, step, extent=None: False
 sys.exit(loop.main(sys.argv[2:]))
 """
 
 
-@pytest.mark.slow
-def test_ranks_resume_from_rank_0_s_decision(tmp_path):
+def _two_ranks(cfg, out, phase, assignment="none"):
+    """``mwm.train.loop.main`` as two gloo ranks (the child above); their (exit status, output)."""
     import socket
 
+    code = _RANK_CHILD.format(tests=str(Path(fakedata.__file__).parent))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in (0, 1):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), PYTHONPATH=os.pathsep.join(sys.path))
+        procs.append(subprocess.Popen([sys.executable, "-c", code, phase, "--config", str(cfg), "--assignment",
+                                       assignment, "--seed", "0", "--out", str(out), "--threads", "1"],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    return [(p.wait(timeout=300), p.stdout.read()) for p in procs]
+
+
+@pytest.mark.slow
+def test_ranks_capture_every_matrix_not_only_rank_0_s(tmp_path):
+    cfg = fakedata.write_config(tmp_path / "tiny.yaml", train__grad_accum=2, train__capture_pairs_step=5,
+                                train__capture_sequence={"start": 6, "length": 1})
+    (r0, log0), (r1, log1) = _two_ranks(cfg, tmp_path / "two", "plain", assignment="hetero")
+    assert (r0, r1) == (0, 0), log0[-2000:] + log1[-2000:]
+    rc, one = fakedata.run_main(tmp_path, assignment="hetero", out="one", train__grad_accum=2,
+                                train__capture_pairs_step=5, train__capture_sequence={"start": 6, "length": 1})
+    assert rc == 0
+    two = tmp_path / "two" / "runs" / "tiny" / "hetero" / "seed0"
+    for rel in ("pairs.npz", "sequence/step_000006.npz"):
+        a, b = np.load(one / rel), np.load(two / rel)
+        assert list(b["names"]) == list(a["names"]) and len(a["names"]) > 2, rel
+        for i in range(len(a["names"])):
+            assert b[f"W_{i}"].shape == a[f"W_{i}"].shape, (rel, a["names"][i])
+
+
+@pytest.mark.slow
+def test_ranks_resume_from_rank_0_s_decision(tmp_path):
     cfg = fakedata.write_config(tmp_path / "tiny.yaml", train__grad_accum=2)
     out = tmp_path / "out"
-    code = _RANK_CHILD.format(tests=str(Path(fakedata.__file__).parent))
 
-    def ranks(phase):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        procs = []
-        for rank in (0, 1):
-            env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                       MASTER_PORT=str(port), PYTHONPATH=os.pathsep.join(sys.path))
-            procs.append(subprocess.Popen([sys.executable, "-c", code, phase, "--config", str(cfg), "--assignment",
-                                           "none", "--seed", "0", "--out", str(out), "--threads", "1"],
-                                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-        return [(p.wait(timeout=300), p.stdout.read()) for p in procs]
-
-    ranks("kill")
+    _two_ranks(cfg, out, "kill")
     ck = out / "checkpoints" / "tiny" / "none" / "seed0" / "ckpt.pt"
     assert torch.load(ck, weights_only=True)["step"] == 8
-    (r0, log0), (r1, log1) = ranks("resume")
+    (r0, log0), (r1, log1) = _two_ranks(cfg, out, "resume")
     assert (r0, r1) == (0, 0), log0[-2000:] + log1[-2000:]
     d = out / "runs" / "tiny" / "none" / "seed0"
     s = json.loads((d / "summary.json").read_text())

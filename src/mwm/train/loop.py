@@ -623,9 +623,11 @@ class Run:
         self.opts.zero_grad()
         if directions is not None:
             self.log_solver_quality(it, consumed, directions)
-        if self.master:
-            for path in pair_paths:
-                self.pairs.save(consumed, path, it)
+        if pair_paths:
+            captured = self.gather_inputs(consumed)
+            if self.master:
+                for path in pair_paths:
+                    self.pairs.save(captured, path, it)
         if inputs is not None and consumed:
             inputs.update(consumed)
         dt, opt_t = t2 - t0, t2 - t1
@@ -634,6 +636,16 @@ class Run:
         if self.master:
             self.log_step(it, loss, lr, mlr, dt, opt_t)
         return loss
+
+    def gather_inputs(self, consumed: dict) -> dict:
+        """Every rank's ``(manifold, W, U)`` of this step on rank 0 (each rank holds those of the matrices it
+        computed, :meth:`ManifoldMuon.shard`); the others get ``{}``. One rank: ``consumed`` itself."""
+        if self.world == 1:
+            return consumed
+        local = {k: (mf, W.detach().cpu(), U.detach().cpu()) for k, (mf, W, U) in consumed.items()}
+        parts = [None] * self.world if self.master else None
+        torch.distributed.gather_object(local, parts, dst=0)
+        return {k: v for part in parts for k, v in part.items()} if self.master else {}
 
     def log_solver_quality(self, it: int, consumed: dict, directions: dict) -> None:
         """``solver.csv``'s rows of step ``it`` (:mod:`mwm.optim.quality`): each rank measures the matrices it
