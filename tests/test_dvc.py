@@ -636,3 +636,11 @@ def test_a_data_folder_linked_out_of_the_repository_is_refused_before_dvc_delete
     synced = run([sys.executable, "-m", "mwm.workflow.dvc", "sync", "--config", CI], root, env, check=False)
     assert synced.returncode == 1 and "outside the repository" in synced.stderr, synced.stderr[-2000:]
     assert "nothing pulled" in synced.stderr
+
+
+def test_help_names_the_sync_command(capsys):
+    from mwm.workflow import dvc as dvcgen
+
+    with pytest.raises(SystemExit) as exc:
+        dvcgen.main(["--help"])
+    assert exc.value.code == 0 and "sync" in capsys.readouterr().out

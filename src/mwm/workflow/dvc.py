@@ -322,23 +322,23 @@ def sync(configs: list[str], remote: str | None = None, pull: bool = True, cores
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["sync"]:
-        p = argparse.ArgumentParser(prog="python -m mwm.workflow.dvc sync",
-                                    description="dvc pull a config's pipeline, then snakemake --touch, so that "
-                                                "`snakemake all -n` has nothing to do")
-        p.add_argument("--config", action="append", help=f"config file (repeatable; default: {DEFAULT_CONFIG})")
-        p.add_argument("--remote", "-r", default=None, help="DVC remote (default: the default remote)")
-        p.add_argument("--no-pull", action="store_true", help="only touch (after your own `dvc pull`)")
-        a = p.parse_args(argv[1:])
-        return sync(a.config or [DEFAULT_CONFIG], remote=a.remote, pull=not a.no_pull)
     p = argparse.ArgumentParser(prog="python -m mwm.workflow.dvc",
                                 description="write dvc.yaml (the default config's pipeline) and "
-                                            "pipelines/<name>/dvc.yaml (every other config); run from the repository root")
+                                            "pipelines/<name>/dvc.yaml (every other config); run from the repository "
+                                            "root. With the sync command: pull a config's results instead")
     p.add_argument("--default", default=DEFAULT_CONFIG,
                    help=f"the config whose pipeline is the root dvc.yaml (default: {DEFAULT_CONFIG})")
     p.add_argument("--check", action="store_true", help="exit 1 with a diff if a pipeline file is stale")
-    a = p.parse_args(argv)
+    sub = p.add_subparsers(dest="command", metavar="{sync}", title="commands (none: write the pipeline files)")
+    sp = sub.add_parser("sync", help="dvc pull a config's pipeline, then snakemake --touch",
+                        description="dvc pull a config's pipeline, then snakemake --touch, so that "
+                                    "`snakemake all -n` has nothing to do")
+    sp.add_argument("--config", action="append", help=f"config file (repeatable; default: {DEFAULT_CONFIG})")
+    sp.add_argument("--remote", "-r", default=None, help="DVC remote (default: the default remote)")
+    sp.add_argument("--no-pull", action="store_true", help="only touch (after your own `dvc pull`)")
+    a = p.parse_args(sys.argv[1:] if argv is None else argv)
+    if a.command == "sync":
+        return sync(a.config or [DEFAULT_CONFIG], remote=a.remote, pull=not a.no_pull)
     default = os.path.normpath(a.default)
     if not Path(default).is_file():
         p.error(f"--default {a.default}: no such config file (run from the repository root)")
