@@ -239,6 +239,10 @@ def test_dag_eta_adds_running_runs_and_jobs_to_come_at_their_stage_mean(cfg, tmp
     done = [status.RunStatus(r.variant, r.seed, "completed", 30, 30, 4.0, 100.0, None, 1.0) for r in got]
     finished = [[p[0], "completed", p[2], p[3]] for p in prods]
     assert status.dag_eta(done, finished, {}, None) == (0.0, "nothing left")
+    # nothing measured yet anywhere: no estimate, not "0s"
+    fresh = [status.RunStatus(r.variant, r.seed, "pending", 0, 30, None, None, None, None) for r in got]
+    eta, how = status.dag_eta(fresh, prods, {}, None)
+    assert eta is None and "no benchmark or ms/step yet" in how
 
 
 def test_cli_prints_the_stage_split_and_the_eta(cfg, tmp_path, capsys):

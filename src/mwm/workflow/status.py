@@ -291,6 +291,9 @@ def dag_eta(runs: list[RunStatus], product_rows: list[list[str]], bench: dict[st
             unknown.append(stage)
     if not running and not pending and not unknown and left == 0.0:
         return 0.0, "nothing left"
+    if unknown and left == 0.0:  # every job to come unknown: no estimate, not "0s"
+        return None, f"no benchmark or ms/step yet for {', '.join(unknown[:6])}" + \
+            (f" and {len(unknown) - 6} more" if len(unknown) > 6 else "")
     at_once = jobs or max(1, len(running))
     how = f"{len(running)} running, {len(pending)} training runs and the unfinished studies/report to come, " \
           f"{at_once} job(s) at once"
