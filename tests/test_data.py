@@ -514,3 +514,12 @@ def test_preparing_again_leaves_identical_files_untouched(tmp_path, corpus):
     prepare(_text_section(corpus), out, num_proc=1, force=True, **QUIET)
     assert (out / "val.bin").read_bytes() == before["val.bin"][2]
     assert (out / "train.bin").stat().st_mtime_ns == before["train.bin"][0]
+
+
+def test_prepare_without_a_config_or_a_corpus_says_what_to_give(tmp_path, capsys, monkeypatch):
+    from mwm.data.__main__ import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["prepare"]) == 2
+    assert "give --config FILE" in capsys.readouterr().err
+    assert not (tmp_path / "data").exists()

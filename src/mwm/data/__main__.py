@@ -68,6 +68,13 @@ def _cmd_prepare(args) -> int:
     from mwm.data.prepare import prepare
     from mwm.data.reader import TokenDataset
 
+    if not args.config and args.corpus is None and not args.overrides:
+        # the schema's defaults alone are the whole GPT-2 vocabulary of Shakespeare, which no shipped config
+        # trains on: say what to give rather than tokenize that
+        print("python -m mwm.data prepare: give --config FILE (its data section, as the workflow does) or the "
+              "section's keys (--corpus shakespeare --vocab-size 2048 ...)", file=sys.stderr)
+        return 2
+
     out = prepare(_section(args), args.out, force=args.force)
     ds = TokenDataset(out)
     print(out)
@@ -134,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("prepare", help="tokenize a corpus into a folder",
                        description="Tokenize the corpus of a config's data section (or of the flags) into "
                                    "OUT (default: mwm.data.dataset_dir of the section, e.g. data/shakespeare). "
-                                   "Examples: `prepare --config config/cpu.yaml`; "
+                                   "Examples: `prepare --config config/ci.yaml`; "
                                    "`prepare --corpus shakespeare --vocab-size 2048`; "
                                    "`prepare --corpus text --paths 'books/*.txt' --out data/books`.")
     _section_args(p)
