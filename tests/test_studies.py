@@ -347,3 +347,14 @@ def test_atomic_outputs_are_parseable(tmp_path):
     with pytest.raises(ValueError, match="row of 1 fields for 3 columns"):
         write_csv(tmp_path / "b.csv", ["x", "y", "z"], [(1,)])
     assert not (tmp_path / "b.csv").exists() and sorted(os.listdir(tmp_path)) == ["a.csv", "d.json"]
+
+
+def test_the_shared_study_module_run_as_a_script_points_to_the_studies():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "src"
+    res = subprocess.run([sys.executable, "-m", "mwm.studies.common"], capture_output=True, text=True, timeout=60,
+                         env={**__import__("os").environ, "PYTHONPATH": str(src)})
+    assert res.returncode == 2 and "python -m mwm.studies.{alpha,absorption,audits,solvers}" in res.stderr

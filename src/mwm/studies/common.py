@@ -218,3 +218,9 @@ def main_for(prog: str, description: str, run: Callable[..., dict],
     print(f"{prog}: wrote {args.out} in {time.perf_counter() - t0:.1f} s "
           f"({derived.get('meta', {}).get('device', '?')})")
     return 0
+
+
+if __name__ == "__main__":  # a library: say which modules are the studies' entry points
+    print("mwm.studies.common holds what the studies share; run a study: python -m mwm.studies.{alpha,absorption,"
+          "audits,solvers} --config FILE --out DIR (--help for each)", file=sys.stderr)
+    sys.exit(2)
