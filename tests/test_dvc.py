@@ -14,6 +14,7 @@ the root pipeline (``python -m mwm.workflow.dvc --default config/ci.yaml``), so 
 from __future__ import annotations
 
 import hashlib
+import json
 import importlib.util
 import os
 import re
@@ -370,6 +371,24 @@ def test_metrics_and_plots(ws, tmp_path):
     plots = run(["dvc", "plots", "show", "-o", str(tmp_path / "plots")], root, env)
     html = (tmp_path / "plots" / "index.html").read_text()
     assert "val loss (ci)" in html and "sigma_max (ci)" in html, plots.stdout
+    shown = json.loads(run(["dvc", "plots", "show", "--json"], root, env).stdout)["data"]
+    # the sigma_max plot is drawn with its own template: one panel per run, a line per matrix
+    sigma = json.dumps(shown["sigma_max (ci)"])
+    assert '"facet"' in sigma and '"detail"' in sigma, sigma[:2000]
+    assert '"facet"' not in json.dumps(shown["val loss (ci)"])
+
+
+def test_every_plot_template_is_referenced_and_exists():
+    from mwm.workflow import dvc as dvcgen
+
+    own = {p.stem for p in (REPO / ".dvc" / "plots").glob("*.json")}
+    used = {t for *_, t in dvcgen.PLOTS}
+    assert own <= used, f"templates in .dvc/plots/ no plot uses: {own - used}"
+    builtin = {"linear", "simple", "scatter", "smooth", "confusion", "confusion_normalized", "bar_horizontal",
+               "bar_horizontal_sorted"}
+    assert used <= own | builtin, used - own - builtin
+    stages = yaml.safe_load((REPO / "pipelines" / "ci" / "dvc.yaml").read_text())
+    assert {t for p in stages["plots"] for v in p.values() for t in [v["template"]]} == used
 
 
 @pytest.mark.slow

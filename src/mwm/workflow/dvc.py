@@ -60,8 +60,9 @@ KINDS = {
 #: (tokenized data is hours at paper scale; finished runs are not in DVC's cache until a stage ends,
 #: so a folder DVC deleted, beside a running snakemake or before one that is refused, is gone).
 PERSISTENT = ("data", "runs", "studies", "figures")
-#: Plots per config: (name, run file, column).
-PLOTS = (("val loss", "eval.csv", "val_loss"), ("sigma_max", "spectral.csv", "sigma_max"))
+#: Plots per config: (name, run file, column, template: a file of .dvc/plots/ or one of DVC's own).
+PLOTS = (("val loss", "eval.csv", "val_loss", "linear"),
+         ("sigma_max", "spectral.csv", "sigma_max", "sigma_max"))  # several rows per step: one line per matrix
 
 _HEADER = ("# DVC pipeline of {config}: dvc repro{target}\n"
            "# Written by `python -m mwm.workflow.dvc` from the config (docs/dvc.md); edit the config, not this file.\n")
@@ -161,8 +162,9 @@ def pipeline(cfg_path: str, cfg: dict, owned_data: set[str]) -> dict:
     if "runs" in made and with_runs:
         runs = [f"{where['runs']}/{v}/seed{s}" for v in grid_variants(cfg["grid"]) for s in cfg["grid"]["seeds"]]
         content["metrics"] = [f"{r}/summary.json" for r in runs]
-        content["plots"] = [{f"{title} ({cfg['name']})": {"x": "step", "y": {f"{r}/{f}": col for r in runs}}}
-                            for title, f, col in PLOTS]
+        content["plots"] = [{f"{title} ({cfg['name']})": {"x": "step", "y": {f"{r}/{f}": col for r in runs},
+                                                          "template": template}}
+                            for title, f, col, template in PLOTS]
     return content
 
 
