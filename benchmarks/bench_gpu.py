@@ -226,11 +226,26 @@ def exercise_run_paths(run, cfg, out: Path) -> dict:
 
     import mwm.train.loop as T
 
-    spectral = spectral_paths(run)
-    t0 = time.perf_counter()
-    losses = run.evaluate()
-    _sync(run.device)
-    t1 = time.perf_counter()
+    # evaluate's own spectral_stats call is the float64 CPU path, timed where it runs (not repeated)
+    timed: list[float] = []
+    stats = T.spectral_stats
+
+    def timed_stats(*a, **k):
+        t = time.perf_counter()
+        try:
+            return stats(*a, **k)
+        finally:
+            timed.append(time.perf_counter() - t)
+
+    T.spectral_stats = timed_stats
+    try:
+        t0 = time.perf_counter()
+        losses = run.evaluate()
+        _sync(run.device)
+        t1 = time.perf_counter()
+    finally:
+        T.spectral_stats = stats
+    spectral = {"spectral_cpu64_s": sum(timed) if timed else None, **spectral_device32(run)}
     run.save_checkpoint()
     t2 = time.perf_counter()
     again = T.Run(cfg, run.assignment, run.seed, run.retraction, out)
@@ -245,18 +260,15 @@ def exercise_run_paths(run, cfg, out: Path) -> dict:
             "resumed_equal": bool(same), "loss_after_resume": loss, "val_loss": losses["val"], **spectral}
 
 
-def spectral_paths(run) -> dict:
-    """The spectral logging's SVDs two ways, timed: as training does them (float64 copies
-    on the CPU, :func:`mwm.train.diagnostics.spectral_stats`) and in float32 on the run's device
-    (singular values and Gram matrix of each matrix, results moved once), to choose
-    between them at the model's shapes."""
+def spectral_device32(run) -> dict:
+    """The spectral logging's SVDs in float32 on the run's device (singular values and Gram
+    diagonal of each hidden matrix, results moved once), timed: beside the float64 CPU path
+    training takes (:func:`mwm.train.diagnostics.spectral_stats`, timed inside ``evaluate``),
+    to choose between them at the model's shapes."""
     import torch
 
     from mwm.optim.assignments import module_kind
-    from mwm.train.diagnostics import spectral_stats
 
-    t0 = time.perf_counter()
-    spectral_stats(run.model, run.opts.assignment, run.step)
     t1 = time.perf_counter()
     with torch.no_grad():
         mats = [p for n, p in run.model.named_parameters() if module_kind(n, p) is not None]
@@ -268,7 +280,7 @@ def spectral_paths(run) -> dict:
         [o.cpu() for o in out]
     _sync(run.device)
     t2 = time.perf_counter()
-    return {"spectral_cpu64_s": t1 - t0, "spectral_device32_s": t2 - t1, "spectral_matrices": len(mats)}
+    return {"spectral_device32_s": t2 - t1, "spectral_matrices": len(mats)}
 
 
 def measure(args, name: str, batch: int, accum: int, budget_s: float, out: Path, exercise: bool) -> dict:
@@ -285,6 +297,7 @@ def measure(args, name: str, batch: int, accum: int, budget_s: float, out: Path,
         torch.cuda.reset_peak_memory_stats(torch.device(args.device))
     run = T.Run(cfg, assignment, 0, cfg["train"]["dgram_retraction"], out / name)
     run.open_logs(0)
+    setup_s = time.perf_counter() - t_start  # model, optimizers, the manifold init: outside any step
     # from step 1: step 0 counts as "after an evaluation" and measures every solve against a converged one
     # (solver.csv), a fixed cost outside the budget that is no part of a training step
     run.step = 1
@@ -318,7 +331,7 @@ def measure(args, name: str, batch: int, accum: int, budget_s: float, out: Path,
            "peak_gib": peak, "syncs_per_step": syncs.count, "syncs_kind": syncs.kind,
            "optimizer_gflop_per_step": flops / 1e9,
            "optimizer_tflops": flops / (ms * opt_share / 1e3) / 1e12 if flops and opt_share > 0 else None,
-           "agreement": agree, "device": str(run.device), "dtype": cfg["train"]["dtype"]}
+           "agreement": agree, "device": str(run.device), "dtype": cfg["train"]["dtype"], "setup_s": setup_s}
     if exercise:
         res["exercise"] = exercise_run_paths(run, cfg, out / name)
     res["wall_s"] = time.perf_counter() - t_start
@@ -405,11 +418,18 @@ def row_line(r: dict, base: float | None, peak: float | None) -> str:
             f"{100 * tf / peak if tf is not None and peak else float('nan'):>8.1f}  {agtxt}")
 
 
-def retraction_row(args, cfg: dict) -> dict:
-    """The DGram retraction of the model's banks (``n_layer`` matrices of each hidden shape, as the
-    optimizer stacks them) on the device: this code's paper form against the released code's float32
-    SVD form, timed (median of 3 after one untimed call), and each one's worst relative error against
-    the same form by a float64 SVD. ``W - eta A`` on the manifold, as training makes it."""
+#: Matrices per shape in the retraction row: enough to time a batched call, few enough that the
+#: row's float64 reference SVDs stay seconds, not minutes, at GPT-2 small shapes.
+RETRACTION_BANK = 2
+
+
+def retraction_row(args, cfg: dict, deadline: float = math.inf) -> dict:
+    """The DGram retraction of small banks (``RETRACTION_BANK`` matrices of each hidden shape,
+    batched as the optimizer stacks them; per matrix is what scales to its ``n_layer``) on the
+    device: this code's paper form against the released code's float32 SVD form, timed (median of
+    3 after one untimed call), and each one's worst relative error against the same form by a
+    float64 SVD. ``W - eta A`` on the manifold, as training makes it. Shapes stop starting at
+    ``deadline`` (a ``time.perf_counter`` value); those done are listed in ``shapes``."""
     import torch
 
     from mwm.optim.manifolds import get_manifold, retract_dgram_svd
@@ -418,11 +438,15 @@ def retraction_row(args, cfg: dict) -> dict:
     from mwm.train.model import SIZES
 
     m = SIZES[cfg["model"]["size"]] if cfg["model"]["size"] else cfg["model"]
-    e, layers = m["n_embd"], m["n_layer"]
+    e, layers = m["n_embd"], min(m["n_layer"], RETRACTION_BANK)
     g = torch.Generator().manual_seed(7)
     forms = {"released": retract_dgram_svd, "paper": get_manifold("dgram", "paper").retract}
     out = {"bank": layers, "shapes": [], "s": dict.fromkeys(forms, 0.0), "err": dict.fromkeys(forms, 0.0)}
-    for shape in ((3 * e, e), (e, e), (4 * e, e), (e, 4 * e)):
+    shapes = ((3 * e, e), (e, e), (4 * e, e), (e, 4 * e))
+    out["cut"] = [list(sh) for sh in shapes]
+    for shape in shapes:
+        if time.perf_counter() >= deadline:
+            break
         W = get_manifold("dgram").init(torch.randn(layers, *shape, generator=g) * 0.02)
         X = (W - 0.02 * get_manifold("stiefel").init(torch.randn(layers, *shape, generator=g))).to(dev)
         ref = retract_dgram_svd(X.double())
@@ -439,14 +463,19 @@ def retraction_row(args, cfg: dict) -> dict:
             err = ((Y.double() - ref).flatten(1).norm(dim=1) / ref.flatten(1).norm(dim=1)).max().item()
             out["err"][name] = max(out["err"][name], err)
         out["shapes"].append(list(shape))
+        out["cut"].pop(0)
     return out
 
 
 def retraction_line(rr: dict) -> str:
     s, err = rr["s"], rr["err"]
+    cut = f"; cut by the budget: {rr['cut']}" if rr.get("cut") else ""
+    if not rr["shapes"]:
+        return f"DGram retraction: no shape timed{cut}"
     return (f"DGram retraction of {rr['bank']}-matrix banks {rr['shapes']}: released float32 SVD "
             f"{1e3 * s['released']:.1f} ms (worst error {err['released']:.1e} against a float64 SVD), this code "
-            f"{1e3 * s['paper']:.1f} ms ({err['paper']:.1e}): {s['released'] / s['paper']:.2f}x the released speed")
+            f"{1e3 * s['paper']:.1f} ms ({err['paper']:.1e}): {s['released'] / s['paper']:.2f}x the released speed, "
+            f"{1e3 * s['paper'] / rr['bank']:.1f} ms per matrix of each shape{cut}")
 
 
 def table(results: list[dict], st: dict) -> str:
@@ -465,6 +494,10 @@ def table(results: list[dict], st: dict) -> str:
              f"{'opt %':>7}{'peak':>10}{'syncs':>7}{'opt GFLOP':>11}{'TFLOP/s':>9}{'% peak':>8}"
              f"  msign bf16 vs float32 (one update, rel. Frobenius diff: max / median)"]
     lines += [row_line(r, base, peak) for r in results]
+    lines.append("outside the timed steps, per row: build + manifold init / whole row: "
+                 + ", ".join(f"{r['assignment']} {r['setup_s']:.1f} / {r['wall_s']:.0f} s" for r in results))
+    if st.get("cut"):
+        lines.append(f"cut by --budget-s before they started: {' '.join(st['cut'])}")
     for r in results:
         ex = r.get("exercise")
         if ex:
@@ -472,8 +505,9 @@ def table(results: list[dict], st: dict) -> str:
                          f"save_checkpoint {ex['checkpoint_s']:.2f} s, new Run + try_resume {ex['resume_s']:.2f} s "
                          f"(resumed at step {ex['resumed_at']}, weights equal: {ex['resumed_equal']}), "
                          f"next step loss {ex['loss_after_resume']:.4f}")
+            cpu64 = "-" if ex["spectral_cpu64_s"] is None else f"{ex['spectral_cpu64_s']:.2f}"
             lines.append(f"{r['assignment']}: spectral logging's SVDs as trained (float64 on the CPU) "
-                         f"{ex['spectral_cpu64_s']:.2f} s, the same {ex['spectral_matrices']} hidden matrices in "
+                         f"{cpu64} s, the same {ex['spectral_matrices']} hidden matrices in "
                          f"float32 on {r['device']} {ex['spectral_device32_s']:.2f} s (without the Q/K/V slices)")
     return "\n".join(lines)
 
@@ -531,9 +565,17 @@ def run(args) -> tuple[dict, list[dict]]:
     results: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="bench_gpu-") as tmp:
         out = Path(args.out) if args.out else Path(tmp)
+        fixed = 0.0  # the most a row has spent outside its timed steps (build, compile, checks)
+        st["cut"] = []
         for i, name in enumerate(args.assignments):
-            share = (args.budget_s - (time.perf_counter() - t0)) / (len(args.assignments) - i)
-            r = bench_assignment(args, name, share, out, exercise=name == args.exercise)
+            left = args.budget_s - (time.perf_counter() - t0)
+            if results and left < fixed:
+                st["cut"] = args.assignments[i:]  # no row starts that could not finish its fixed part
+                print(f"cut by --budget-s ({left:.0f} s left, a row's fixed cost {fixed:.0f} s): "
+                      f"{' '.join(st['cut'])}", flush=True)
+                break
+            r = bench_assignment(args, name, left / (len(args.assignments) - i), out, exercise=name == args.exercise)
+            fixed = max(fixed, r["wall_s"] - r["timed_steps"] * r["ms_per_step"] / 1e3)
             results.append(r)
             base = next((x["ms_per_step"] for x in results if x["assignment"] == "none"), None)
             # the table's line at once, so a run cut by its time limit still shows every finished row
@@ -541,7 +583,7 @@ def run(args) -> tuple[dict, list[dict]]:
             if args.json:
                 atomic_write_json(Path(args.json), {"settings": st, "results": results})
         if args.retraction:
-            st["retraction"] = retraction_row(args, make_config(args, 1, 1))
+            st["retraction"] = retraction_row(args, make_config(args, 1, 1), t0 + args.budget_s)
             print(retraction_line(st["retraction"]), flush=True)
             if args.json:
                 atomic_write_json(Path(args.json), {"settings": st, "results": results})

@@ -142,7 +142,7 @@ else
     margin=20
 fi
 if [[ $limit -lt $((margin + 20)) ]]; then
-    note "bench_gpu: not started, ${limit} s left before the deadline"; cut=1
+    note "bench_gpu: cut by the deadline before it started (${limit} s left)"; cut=1
     echo "not started: ${limit} s left before the deadline" >"$OUT/bench_gpu.log"
     finish
 fi

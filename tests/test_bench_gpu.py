@@ -85,6 +85,58 @@ def test_results_are_written_after_each_assignment(tmp_path, bench, monkeypatch)
     assert [r["assignment"] for r in json.loads(out.read_text())["results"]] == ["none"]
 
 
+def test_rows_that_cannot_finish_their_fixed_part_do_not_start(tmp_path, bench, monkeypatch, capsys):
+    """Once the budget left is below a row's fixed cost (build, warm-up, checks), the remaining
+    rows and the retraction row's shapes are listed as cut, and the table still prints."""
+    import time
+
+    out = tmp_path / "r.json"
+    real = bench.bench_assignment
+
+    def slow_fixed(args, name, *a, **k):
+        r = real(args, name, *a, **k)
+        r["wall_s"] += 100.0  # as if building this row took 100 s more
+        return r
+
+    monkeypatch.setattr(bench, "bench_assignment", slow_fixed)
+    t = time.perf_counter()
+    assert bench.main(TINY + ["--assignments", "none", "stiefel", "dgram", "--exercise", "none-of-them",
+                              "--budget-s", "60", "--json", str(out)]) == 0
+    assert time.perf_counter() - t < 60
+    doc = json.loads(out.read_text())
+    assert [r["assignment"] for r in doc["results"]] == ["none"]
+    assert doc["settings"]["cut"] == ["stiefel", "dgram"]
+    text = capsys.readouterr().out
+    assert "cut by --budget-s before they started: stiefel dgram" in text
+    assert doc["results"][0]["setup_s"] > 0 and "build + manifold init" in text
+
+
+def test_the_retraction_row_stops_at_its_deadline(bench):
+    import time
+
+    cfg = bench.make_config(bench.parse(TINY), 1, 1)
+    done = bench.retraction_row(bench.parse(TINY), cfg, deadline=time.perf_counter() - 1)
+    assert done["shapes"] == [] and len(done["cut"]) == 4
+    assert "no shape timed; cut by the budget" in bench.retraction_line(done)
+    full = bench.retraction_row(bench.parse(TINY), cfg)
+    assert len(full["shapes"]) == 4 and full["cut"] == [] and "per matrix" in bench.retraction_line(full)
+
+
+def test_the_exercise_row_runs_the_spectral_svds_once(tmp_path, bench, monkeypatch):
+    """evaluate's float64 spectral pass is the one timed: no second call just to measure it."""
+    import mwm.train.loop as T
+
+    calls = []
+    real = T.spectral_stats
+    monkeypatch.setattr(T, "spectral_stats", lambda *a, **k: calls.append(1) or real(*a, **k))
+    out = tmp_path / "r.json"
+    assert bench.main(TINY + ["--assignments", "hetero", "--no-retraction", "--json", str(out)]) == 0
+    ex = json.loads(out.read_text())["results"][0]["exercise"]
+    assert ex["spectral_cpu64_s"] > 0 and ex["spectral_device32_s"] > 0
+    # one in the timed evaluate and none elsewhere in the bench (the resumed run trains, never evaluates)
+    assert len(calls) == 1
+
+
 def test_a_finished_run_is_freed(tmp_path, bench, monkeypatch):
     """No reference cycle keeps a measured Run (and its model) alive into the next row."""
     import mwm.train.loop
