@@ -211,6 +211,30 @@ def bench(stage, wildcards=""):
     logs/<config>/benchmarks/<stage>/ (mwm.workflow.status sums them per stage)."""
     return f"{LOGS}/benchmarks/{stage}/{wildcards or stage}.tsv"
 
+def _given_resource(table, key):
+    """A resource as the command line or a profile gave it (--set-resources, --default-resources)."""
+    r = (table or {}).get(key)
+    if r is None:
+        return None
+    raw = r.raw if r.raw is not None else r.value
+    return None if raw is None else str(raw).strip().strip("'\"").strip()
+
+
+def train_slurm_extra(signal_opt):
+    """The training jobs' sbatch extras: a site's --default-resources slurm_extra with the warning
+    signal added; a --set-resources train:slurm_extra would replace the signal, so one without it is
+    refused (a run past its time limit would lose every step since its last checkpoint)."""
+    given = workflow.resource_settings
+    mine = _given_resource(given.overwrite_resources.get("train"), "slurm_extra")
+    if mine is not None and "--signal" not in mine:
+        raise WorkflowError(
+            f"--set-resources train:slurm_extra={mine} replaces the training jobs' {signal_opt} (SLURM's "
+            f"warning before the time limit, workflow.warning_signal_s): give both, "
+            f"--set-resources \"train:slurm_extra='{mine} {signal_opt}'\"")
+    site = _given_resource(given.default_resources, "slurm_extra")
+    return signal_opt if not site else site if "--signal" in site else f"{site} {signal_opt}"
+
+
 def res(stage):
     """Resources of a stage from the config's workflow section, with the SLURM site settings of its
     kind of job (GPU or CPU) from the environment (mwm.workflow.site)."""
@@ -222,7 +246,7 @@ def res(stage):
     out = {"mem_mb": r["mem_mb"], "runtime": r["runtime"], **site}
     if stage == "train" and CFG["workflow"]["warning_signal_s"]:
         # SLURM's warning before the time limit: the run checkpoints and exits 75 (ignored elsewhere)
-        out["slurm_extra"] = f"--signal=USR1@{CFG['workflow']['warning_signal_s']}"
+        out["slurm_extra"] = train_slurm_extra(f"--signal=USR1@{CFG['workflow']['warning_signal_s']}")
     if stage == "train" and ranks_per_run(CFG) > 1:
         # mwm.train starts the ranks itself (torchrun --standalone): one task on one node
         # with every GPU and thread of the run (SLURM tasks would rerun the whole job step)

@@ -113,6 +113,27 @@ def test_slurm_profile_settings():
     assert "executor" not in local and local["cores"] and local["rerun-incomplete"] is True
 
 
+def _train_extras(*args):
+    proc = snakemake("all", "--profile", "slurm", "--configfile", "config/ci.yaml", "--dry-run", "--forceall",
+                     "--nolock", *args, env=SITE_ENV)
+    jobs = parse_dry_run(proc.stdout + proc.stderr) if proc.returncode == 0 else []
+    return proc, {j["resources"].get("slurm_extra") for j in jobs if j["rule"] == "train"}
+
+
+def test_a_site_slurm_extra_keeps_the_warning_signal():
+    """The site's --default-resources slurm_extra reaches the training jobs with the signal added;
+    a --set-resources train:slurm_extra that would drop it is refused in one message."""
+    proc, extras = _train_extras("--default-resources", "slurm_extra=--exclusive")
+    assert proc.returncode == 0 and extras == {"--exclusive --signal=USR1@300"}, proc.stderr[-2000:]
+    proc, extras = _train_extras("--set-resources", "train:slurm_extra='--exclusive --signal=USR1@600'")
+    assert proc.returncode == 0 and extras == {"--exclusive --signal=USR1@600"}, proc.stderr[-2000:]
+    proc, _ = _train_extras("--set-resources", "train:slurm_extra=--exclusive")
+    said = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "--set-resources train:slurm_extra=--exclusive replaces the training jobs' --signal=USR1@300" in said, said
+    assert "train:slurm_extra='--exclusive --signal=USR1@300'" in said
+
+
 def test_paper_dry_run_lists_the_grid_with_resources(paper_dry_run):
     cfg = load_config(PAPER)
     res = cfg["workflow"]["resources"]
