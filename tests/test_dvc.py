@@ -155,7 +155,8 @@ def ws(tmp_path_factory):
     run([sys.executable, "-m", "mwm.workflow.dvc", "--default", CI], root, env, timeout=300)
     stages = ci_stages(root)
     assert stages, "dvc.yaml has no stage for the CI config"
-    assert not (root / "pipelines" / "ci" / "dvc.yaml").exists() and (root / "pipelines" / "default" / "dvc.yaml").is_file()
+    assert not (root / "pipelines" / "ci" / "dvc.yaml").exists()
+    assert (root / "pipelines" / "default" / "dvc.yaml").is_file()
 
     built = run(["dvc", "repro"], root, env, timeout=1800)  # bare: the root pipeline only
     assert sorted(ran_stages(built)) == sorted(stages)
@@ -255,7 +256,6 @@ def test_code_deps_cover_every_module_the_entry_point_imports():
     code imports (inside functions too) lies under one of the stage's code deps."""
     from mwm.workflow import dvc as dvcgen
 
-    pkg = REPO / "src" / "mwm"
     cwd = os.getcwd()
     os.chdir(REPO)
     try:
@@ -267,7 +267,8 @@ def test_code_deps_cover_every_module_the_entry_point_imports():
         used = set()
         for p in sources:
             text = p.read_text()
-            used.update(m.replace(".", "/") for m in re.findall(r"^\s*(?:from|import)\s+(mwm(?:\.\w+)+)", text, flags=re.M))
+            found = re.findall(r"^\s*(?:from|import)\s+(mwm(?:\.\w+)+)", text, flags=re.M)
+            used.update(m.replace(".", "/") for m in found)
             rel = p.relative_to(REPO / "src").with_suffix("").parts
             for dots, mod in re.findall(r"^\s*from\s+(\.+)(\w*(?:\.\w+)*)\s+import", text, flags=re.M):
                 base = rel[: len(rel) - len(dots)]
@@ -356,7 +357,7 @@ def test_snakemake_has_nothing_to_do_after_sync(ws):
 @pytest.mark.slow
 @needs_tools
 def test_repro_after_pull_reruns_nothing_and_status_is_clean(ws):
-    root, env, stages = ws["root"], ws["env"], ws["stages"]
+    root, env = ws["root"], ws["env"]
     proc = run(["dvc", "repro"], root, env)  # bare, as users type it
     assert ran_stages(proc) == []
     assert "up to date" in run(["dvc", "status", "dvc.yaml"], root, env).stdout
@@ -406,7 +407,8 @@ def test_report_rebuilds_tables_identically(ws):
     proc = run(["dvc", "repro", "--force", "--single-item", report], root, env, check=False)
     if proc.returncode != 0:
         run(["dvc", "checkout", "--force", report], root, env)  # leave the pulled outputs for the next tests
-        logs = "".join(f"--- {p.relative_to(root)}\n{p.read_text()[-3000:]}" for p in (root / "logs").rglob("report*.log"))
+        logs = "".join(f"--- {p.relative_to(root)}\n{p.read_text()[-3000:]}"
+                       for p in (root / "logs").rglob("report*.log"))
         pytest.fail(f"the report does not rebuild from the pulled files (does it read a file no rule declares?)\n"
                     f"{proc.stderr[-3000:]}\n{logs}")
     assert ran_stages(proc) == [report]
@@ -648,7 +650,8 @@ def test_a_data_folder_linked_out_of_the_repository_is_refused_before_dvc_delete
 
     repro = run(["dvc", "repro", "pipelines/ci/dvc.yaml"], root, env, check=False)
     out = repro.stdout + repro.stderr
-    assert repro.returncode != 0 and ran_stages(repro) == [f"pipelines/ci/dvc.yaml:{stage_kind(stages, 'data')}"], out[-3000:]
+    data_stage = f"pipelines/ci/dvc.yaml:{stage_kind(stages, 'data')}"
+    assert repro.returncode != 0 and ran_stages(repro) == [data_stage], out[-3000:]
     assert "outside the repository" in out and "nothing was deleted" in out, out[-3000:]
     assert {f: (root / f).stat().st_mtime_ns for f in data_files} == before
 

@@ -191,7 +191,8 @@ def render(dest: Path, cfg_path: str, content: dict) -> str:
                             for k, v in p.items()] or None
     content = {k: v for k, v in content.items() if v}
     target = "" if dest == Path(DVC_YAML) else f" {dest.as_posix()}"
-    return _HEADER.format(config=cfg_path, target=target) + yaml.dump(content, Dumper=_Dumper, sort_keys=False, width=110)
+    body = yaml.dump(content, Dumper=_Dumper, sort_keys=False, width=110)
+    return _HEADER.format(config=cfg_path, target=target) + body
 
 
 def pipelines(configs: list[str], default: str = DEFAULT_CONFIG) -> dict[Path, str]:
