@@ -179,7 +179,9 @@ def _cases() -> dict[str, tuple[str, Callable[[], torch.Tensor]]]:
         for mf in ("stiefel", "dgram"):
             for dtype, label in ((torch.float32, "float32"), (torch.float64, "float64")):
                 cases[f"{kind}/{mf}/{label}"] = (label, _solve(kind, mf, dtype))
-        cases[f"{kind}/dgram/spread10"] = ("float32", _solve(kind, "dgram", torch.float32, spread=10.0))
+        # Spread columns amplify rounding (ADMM's float32 output moves ~3e-4 between CPU kernels), so
+        # this case guards the spread behaviour in float64; the float32 path has its own cases above.
+        cases[f"{kind}/dgram/spread10/float64"] = ("float64", _solve(kind, "dgram", torch.float64, spread=10.0))
         for mf in ("stiefel", "dgram"):
             for dtype, label in ((torch.float32, "float32"), (torch.float64, "float64")):
                 cases[f"{kind}/{mf}/normalized/{label}"] = (label, _normalized_solve(kind, mf, dtype))
