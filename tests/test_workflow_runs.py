@@ -161,7 +161,9 @@ def test_launched_ranks_checkpoint_and_exit_75_on_a_scheduler_signal(tmp_path):
     import signal
     import time
 
-    long = {**LONG, "max_iters": 2000, "lr_decay_iters": 2000, "eval_interval": 1000, "checkpoint_interval": 1000,
+    # far more steps than the run can reach before the signal: a fast CPU must not finish first
+    steps = 1_000_000
+    long = {**LONG, "max_iters": steps, "lr_decay_iters": steps, "eval_interval": steps, "checkpoint_interval": steps,
             "grad_accum": 2}  # one micro-batch per rank
     cfg = write_config(tmp_path, "sig", train=long, grid=DDP, workflow={**BASE["workflow"], "ranks_per_run": 2})
     env = dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
@@ -177,9 +179,13 @@ def test_launched_ranks_checkpoint_and_exit_75_on_a_scheduler_signal(tmp_path):
         assert proc.poll() is None and time.time() - t0 < 300
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGUSR1)
-    assert proc.wait(timeout=300) == 75
+    try:
+        assert proc.wait(timeout=300) == 75
+    finally:  # a lost signal leaves the ranks training: stop them
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
     ck = torch_load(tmp_path / "results" / "checkpoints" / "sig" / "ddp" / "seed0" / "ckpt.pt")
-    assert 5 <= ck["step"] < 2000
+    assert 5 <= ck["step"] < steps
     assert len(metrics.read_text().splitlines()) - 1 == ck["step"]
 
 
