@@ -198,7 +198,8 @@ def agreement(captured: dict, cfg: dict, lr: float, device) -> dict:
     vals = sorted(diffs.values())
     worst = max(diffs, key=diffs.get) if diffs else None
     return {"low": "bfloat16", "matrices": len(vals),
-            "max_rel_diff": vals[-1] if vals else math.nan, "median_rel_diff": statistics.median(vals) if vals else math.nan,
+            "max_rel_diff": vals[-1] if vals else math.nan,
+            "median_rel_diff": statistics.median(vals) if vals else math.nan,
             "worst": worst}
 
 

@@ -60,7 +60,8 @@ def banks_report(run: Run) -> list[str]:
         padded = sum(flops(m_pad, g["manifold"]) for g, _ in entries)
         waste += padded - real
         total += padded
-        lines.append(f"  bank {kind:<8} {len(shapes):>2} x {m_pad}x{n} ({order}): rows real {sum(m for m, _ in shapes)}, "
+        lines.append(f"  bank {kind:<8} {len(shapes):>2} x {m_pad}x{n} ({order}): "
+                     f"rows real {sum(m for m, _ in shapes)}, "
                      f"padded {len(shapes) * m_pad}; {padded / 1e9:.3g} GFLOP a step, "
                      f"{100 * (padded - real) / padded:.0f}% on padding")
     lines.append(f"  optimizer matmuls: {total / 1e9:.3g} GFLOP a step, {100 * waste / max(total, 1):.1f}% on padding")
@@ -102,7 +103,8 @@ def measure(cfg: dict, assignment: str, steps: int, warmup: int, out: Path) -> l
     evals = tc["max_iters"] // tc["eval_interval"] + 1
     ev = t3 - t0
     share_eval = evals * ev / (evals * ev + tc["max_iters"] * (f + o))
-    lines = [f"{assignment}: fwd+bwd {1e3 * f:.1f} ms, optimizer {1e3 * o:.1f} ms ({100 * o / (f + o):.0f}% of the step); "
+    lines = [f"{assignment}: fwd+bwd {1e3 * f:.1f} ms, optimizer {1e3 * o:.1f} ms "
+             f"({100 * o / (f + o):.0f}% of the step); "
              f"evaluation {1e3 * ev:.0f} ms (losses {1e3 * (t1 - t0):.0f}, spectral {1e3 * (t2 - t1):.0f}, "
              f"attention {1e3 * (t3 - t2):.0f}) x {evals} = {100 * share_eval:.1f}% of the run"]
     if run.opts.muon is not None:

@@ -27,7 +27,8 @@ def build(args, assignment, path):
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=args.vocab, block_size=args.block, n_layer=args.layers, n_head=args.heads,
                           n_embd=args.embd))
-    opts = build_optimizers(model, assignment, OptimizerSettings.defaults(solver=SolverSettings.defaults(steps=args.dual_steps, alpha=0.1)))
+    opts = build_optimizers(model, assignment, OptimizerSettings.defaults(
+        solver=SolverSettings.defaults(steps=args.dual_steps, alpha=0.1)))
     if path == "released" and opts.muon is not None:
         groups = [{"params": g["params"], "manifold": g["manifold"], "weight_decay": g["weight_decay"]}
                   for g in opts.muon.param_groups]
@@ -89,7 +90,8 @@ def main():
               f"{1e3 * r:>11.1f} {100 * rs:>8.0f}% {r / res['none', 'released'][0]:>6.2f}x | {r / o:>6.2f}x")
     worst = max(res[a, "ours"][0] / res["none", "ours"][0] for a in PAPER_ASSIGNMENTS[1:])
     print(f"\nworst manifold assignment / none (ours): {worst:.2f}x (target <= 2x; "
-          f"released path: {max(res[a, 'released'][0] / res['none', 'released'][0] for a in PAPER_ASSIGNMENTS[1:]):.2f}x)")
+          f"released path: "
+          f"{max(res[a, 'released'][0] / res['none', 'released'][0] for a in PAPER_ASSIGNMENTS[1:]):.2f}x)")
 
 
 if __name__ == "__main__":

@@ -10,8 +10,8 @@ timing and provenance fields (the checkout's absolute path is written as
 ``<checkout>/``). ``metrics.csv`` is compared without its timing columns.
 Wall-clock fields are dropped everywhere: CSV columns and JSON keys naming a time, a
 wall or a cost ratio, and the ledger's ``cost.*`` rows (per-step cost). Markdown and
-LaTeX tables are compared through their CSV twin (the same rows, rendered). Exit status 0 when everything matches, 1 otherwise (the
-differing files are listed).
+LaTeX tables are compared through their CSV twin (the same rows, rendered). Exit status
+0 when everything matches, 1 otherwise (the differing files are listed).
 """
 
 from __future__ import annotations

@@ -85,7 +85,8 @@ def wait_for(pred, proc, timeout=180):
     t0 = time.time()
     while not pred():
         if proc.poll() is not None:
-            raise AssertionError(f"child exited early with {proc.returncode}: {proc.stderr.read() if proc.stderr else ''}")
+            raise AssertionError(f"child exited early with {proc.returncode}: "
+                                 f"{proc.stderr.read() if proc.stderr else ''}")
         if time.time() - t0 > timeout:
             proc.kill()
             raise AssertionError("timed out")

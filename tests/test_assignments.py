@@ -84,7 +84,8 @@ def test_mlp_cap_and_normalized_solve_get_groups_of_their_own():
     torch.manual_seed(0)
     model = tiny_gpt()
     solver = SolverSettings.defaults()
-    opts = build_optimizers(model, "dgram", OptimizerSettings.defaults(muon_lr=2.0, mlp_sigma_cap=1.5, solver_normalize="attn", solver=solver))
+    opts = build_optimizers(model, "dgram", OptimizerSettings.defaults(muon_lr=2.0, mlp_sigma_cap=1.5,
+                                                                       solver_normalize="attn", solver=solver))
     groups = {(g.get("sigma_cap"), g.get("solver_normalize", False)): g for g in opts.muon.param_groups}
     assert set(groups) == {(1.5, False), (None, True)}
     assert all(".mlp.c_" in n for n in groups[1.5, False]["names"])

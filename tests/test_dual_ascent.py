@@ -110,7 +110,8 @@ def test_gram_order_reaches_the_direct_objective_on_low_rank_momentum():
         assert mf.tangent_violation(W, gram) <= 1.05 * mf.tangent_violation(W, direct) + 1e-6
 
 
-@pytest.mark.parametrize("name,retraction", [("stiefel", "paper"), ("dgram", "paper"), ("dgram", "colnorm"), ("oblique", "paper")])
+@pytest.mark.parametrize("name,retraction", [("stiefel", "paper"), ("dgram", "paper"), ("dgram", "colnorm"),
+                                             ("oblique", "paper")])
 def test_update_stays_on_manifold_and_moves_by_about_eta(name, retraction):
     W, G = pair(64, 16, name, seed=3)
     new = manifold_muon_update(W, G, name, eta=0.05, alpha=0.1, steps=20, dgram_retraction=retraction)

@@ -102,7 +102,8 @@ def test_run_evaluates_logs_checkpoints_and_resumes(tmp_path, monkeypatch):
         spec = list(csv.DictReader(fh))
     assert len(spec) == 2 * 7 * 4
     assert all(math.isfinite(float(r["sigma_max"])) for r in spec)
-    stiefel = [float(r["sigma_max"]) for r in spec if r["manifold"] == "stiefel" and r["matrix"] in ("c_attn", "c_proj")]
+    stiefel = [float(r["sigma_max"]) for r in spec
+               if r["manifold"] == "stiefel" and r["matrix"] in ("c_attn", "c_proj")]
     assert stiefel and all(abs(x - 1) < 2e-2 for x in stiefel)  # (the W_Q/W_K/W_V slices need not be)
     with open(d / "attention.csv") as fh:
         att = list(csv.DictReader(fh))

@@ -40,7 +40,8 @@ def test_start_multiplier_cold_warm_and_scaled():
     sym.diagonal(dim1=-2, dim2=-1).zero_()
     assert torch.allclose(warm, sym)
     assert torch.allclose(start_multiplier(mf, Wt, Gt, L0, scale=torch.tensor(2.0)), sym / 2)
-    with pytest.raises(ValueError, match=r"Lambda0 of shape \(3, 5, 5\) does not match the multiplier shape \(3, 4, 4\)"):
+    with pytest.raises(ValueError,
+                       match=r"Lambda0 of shape \(3, 5, 5\) does not match the multiplier shape \(3, 4, 4\)"):
         start_multiplier(mf, Wt, Gt, torch.zeros(3, 5, 5))
 
 
@@ -70,7 +71,8 @@ def test_a_solver_called_without_settings_uses_the_schemas_defaults():
     from mwm.optim.solvers import admm
 
     train = defaults("train")
-    assert or_default(None, "dual_ascent_alpha") == train["dual_ascent_alpha"] and or_default(0.3, "dual_ascent_alpha") == 0.3
+    assert (or_default(None, "dual_ascent_alpha") == train["dual_ascent_alpha"]
+            and or_default(0.3, "dual_ascent_alpha") == 0.3)
     torch.manual_seed(0)
     W, G = torch.linalg.qr(torch.randn(24, 6))[0], torch.randn(24, 6)
     a = dual_ascent(W, G, "stiefel")

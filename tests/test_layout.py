@@ -35,7 +35,8 @@ def test_shapes_and_patterns():
         check_dims(2, 2, 15, 16, 8)
     names = hidden_matrix_names(2)
     plan = match_patterns(names, {"transformer.h.0.attn.*": "stiefel", "*.mlp.*": "dgram"})
-    assert plan["transformer.h.0.attn.c_attn.weight"] == "stiefel" and plan["transformer.h.1.attn.c_proj.weight"] == "none"
+    assert (plan["transformer.h.0.attn.c_attn.weight"] == "stiefel"
+            and plan["transformer.h.1.attn.c_proj.weight"] == "none")
     assert plan["transformer.h.1.mlp.c_fc.weight"] == "dgram"
     with pytest.raises(ValueError, match=r"\['\*.mlp.\*'\] match no hidden matrix"):  # shadowed by "*"
         match_patterns(names, {"*": "stiefel", "*.mlp.*": "dgram"})

@@ -23,7 +23,8 @@ def test_second_process_on_a_run_is_refused_naming_the_holder(tiny_config, tmp_p
     d = out / "runs" / "tiny" / "none" / "seed0"
     proc = subprocess.Popen(fakedata.child_cmd(cfg, out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        fakedata.wait_for(lambda: (d / "metrics.csv").exists() and len((d / "metrics.csv").read_text().splitlines()) > 2,
+        fakedata.wait_for(lambda: ((d / "metrics.csv").exists()
+                                   and len((d / "metrics.csv").read_text().splitlines()) > 2),
                           proc)
         from mwm.train.loop import main
 

@@ -13,7 +13,8 @@ def on_manifold_tol(name):
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("name,retraction", [("stiefel", "paper"), ("dgram", "paper"), ("dgram", "colnorm"), ("oblique", "paper")])
+@pytest.mark.parametrize("name,retraction", [("stiefel", "paper"), ("dgram", "paper"), ("dgram", "colnorm"),
+                                             ("oblique", "paper")])
 def test_retraction_lands_on_manifold(shape, name, retraction):
     torch.manual_seed(0)
     mf = get_manifold(name, retraction)

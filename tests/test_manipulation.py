@@ -11,8 +11,8 @@ def solver_rows(steps, align=0.95, conv=1.0, viol=0.01, modules=("attn", "mlp"))
 
 
 def attention_rows(steps, entropy=1.0, layers=2, heads=2):
-    return [{"step": s, "layer": l, "head": h, "entropy_mean": entropy}
-            for s in steps for l in range(layers) for h in range(heads)]
+    return [{"step": s, "layer": layer, "head": h, "entropy_mean": entropy}
+            for s in steps for layer in range(layers) for h in range(heads)]
 
 
 def test_solver_check_passes_at_the_thresholds_and_fails_just_beyond():

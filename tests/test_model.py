@@ -34,7 +34,8 @@ def test_loss_is_the_cross_entropy_of_the_logits_and_attention_logits_are_per_la
     idx = torch.randint(0, 32, (3, 8), generator=torch.Generator().manual_seed(2))
     logits, loss = model(idx, idx)
     assert logits.shape == (3, 8, 32)
-    assert loss.item() == pytest.approx(torch.nn.functional.cross_entropy(logits.reshape(-1, 32), idx.reshape(-1)).item())
+    assert loss.item() == pytest.approx(
+        torch.nn.functional.cross_entropy(logits.reshape(-1, 32), idx.reshape(-1)).item())
     att = model.attention_logits(idx)
     assert len(att) == 2 and all(a.shape == (3, 2, 8, 8) for a in att)
 

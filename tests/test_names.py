@@ -58,8 +58,9 @@ def test_snakefile_parse_imports_no_torch():
             pkg, name = line.split()[1], line.split()[3].rstrip(",")
             module = ROOT / "src" / pkg.replace(".", "/") / f"{name}.py"
             imported.add(f"{pkg}.{name}" if module.is_file() else pkg)
-    assert imported == {"mwm.config.checks", "mwm.config", "mwm.data", "mwm.workflow.dvc", "mwm.train.launch", "mwm.config.names", "mwm.numerics", "mwm.workflow.owner",
-                        "mwm.workflow.paths", "mwm.workflow.runs", "mwm.setaside", "mwm.workflow.site", "mwm.workflow.stages"}, \
+    assert imported == {"mwm.config.checks", "mwm.config", "mwm.data", "mwm.workflow.dvc", "mwm.train.launch",
+                        "mwm.config.names", "mwm.numerics", "mwm.workflow.owner", "mwm.workflow.paths",
+                        "mwm.workflow.runs", "mwm.setaside", "mwm.workflow.site", "mwm.workflow.stages"}, \
         "rules/common.smk imports changed: update PARSE_TIME in this test"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.run([sys.executable, "-c", PARSE_TIME], cwd=ROOT, env=env, capture_output=True, text=True,

@@ -123,7 +123,8 @@ def test_state_dict_round_trip_is_exact():
     opts = build_optimizers(model, "hetero", OptimizerSettings.defaults(solver=SolverSettings.defaults(steps=4)))
     train(model, opts, steps=2)
     clone = copy.deepcopy(model)
-    opts2 = build_optimizers(clone, "hetero", OptimizerSettings.defaults(solver=SolverSettings.defaults(steps=4)), init_on_manifold=False)
+    opts2 = build_optimizers(clone, "hetero", OptimizerSettings.defaults(solver=SolverSettings.defaults(steps=4)),
+                             init_on_manifold=False)
     opts2.load_state_dict(copy.deepcopy(opts.state_dict()))
     train(model, opts, steps=2)
     train(clone, opts2, steps=2)

@@ -173,7 +173,8 @@ DEFAULTED_TRAIN_KEYS = frozenset({
     "admm_rho", "batch_size", "beta1", "beta2", "capture_pairs_step", "capture_sequence", "checkpoint_interval",
     "compile", "decay_lr", "device", "dgram_retraction", "dtype", "dual_ascent_alpha", "dual_ascent_steps",
     "eval_interval", "eval_iters", "eval_seed", "grad_accum", "grad_clip", "keep_final_checkpoint",
-    "learning_rate", "log_interval", "lr_decay_iters", "max_iters", "min_lr", "msign_precision", "msign_steps", "muon_lr",
+    "learning_rate", "log_interval", "lr_decay_iters", "max_iters", "min_lr",
+    "msign_precision", "msign_steps", "muon_lr",
     "muon_momentum", "probe_batch", "solver", "solver_max_steps", "solver_tol", "tf32", "warm_start",
     "warmup_iters", "weight_decay",
 })

@@ -101,7 +101,8 @@ def test_admm_converges_to_the_dual_ascent_solution(name):
 def _tiny_opts(seed=0, **solver):
     torch.manual_seed(seed)
     model = Tiny()
-    return model, build_optimizers(model, "hetero", OptimizerSettings.defaults(solver=SolverSettings.defaults(steps=4, **solver)))
+    return model, build_optimizers(model, "hetero",
+                                   OptimizerSettings.defaults(solver=SolverSettings.defaults(steps=4, **solver)))
 
 
 @pytest.mark.slow
@@ -113,7 +114,9 @@ def test_warm_state_round_trips_exactly(solver):
     duals = [s["dual"] for s in opts.muon.state.values() if "dual" in s]
     assert len(duals) == 8 and all(d.shape == (8, 8) for d in duals)
     clone = copy.deepcopy(model)
-    opts2 = build_optimizers(clone, "hetero", OptimizerSettings.defaults(solver=SolverSettings.defaults(steps=4, **solver)), init_on_manifold=False)
+    opts2 = build_optimizers(clone, "hetero",
+                             OptimizerSettings.defaults(solver=SolverSettings.defaults(steps=4, **solver)),
+                             init_on_manifold=False)
     opts2.load_state_dict(copy.deepcopy(opts.state_dict()))
     train(model, opts, steps=2)
     train(clone, opts2, steps=2)
@@ -225,10 +228,12 @@ def test_capture_sequence_and_solver_study(fake_data, tmp_path):
 
     cfg_path = fakedata.write_config(tmp_path / "tiny.yaml", train__warmup_iters=1)
     cfg = load_config(cfg_path, ["studies.solvers.capture_start=2", "studies.solvers.capture_length=3",
-                                 "studies.solvers.reference_iterations=30", "studies.solvers.baseline_steps=30", "studies.solvers.converged_iterations=10",
+                                 "studies.solvers.reference_iterations=30", "studies.solvers.baseline_steps=30",
+                                 "studies.solvers.converged_iterations=10",
                                  "studies.solvers.dual_ascent_steps=[5]", "studies.solvers.warm_steps=[3]",
                                  "studies.solvers.tols=[0.001]", "studies.solvers.admm_steps=[3]",
-                                 "studies.solvers.admm_rho=[1.0]", "studies.device=cpu", "studies.solvers.normalized=true"])
+                                 "studies.solvers.admm_rho=[1.0]", "studies.device=cpu",
+                                 "studies.solvers.normalized=true"])
     derived = run_solvers(cfg, tmp_path / "study", log=lambda *a: None)
     from mwm.workflow.stages import STAGES
 
@@ -280,7 +285,8 @@ def test_capture_sequence_and_solver_study(fake_data, tmp_path):
     cfg["workflow"]["report"] = "solvers"
     out = build(cfg, results, tmp_path / "solvers_only")
     assert sorted(p.name for p in out.iterdir()) == [
-        "fig_solvers_pareto.pdf", "fig_solvers_pareto.png", "table_solvers.csv", "table_solvers.md", "table_solvers.tex",
+        "fig_solvers_pareto.pdf", "fig_solvers_pareto.png",
+        "table_solvers.csv", "table_solvers.md", "table_solvers.tex",
         "table_solvers_alignment.csv", "table_solvers_alignment.md", "table_solvers_alignment.tex"]
     assert (out / "table_solvers.csv").read_text() == (tmp_path / "pf" / "table_solvers.csv").read_text()
     (results / "studies" / cfg["name"] / "solvers_derived.json").unlink()

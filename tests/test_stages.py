@@ -1,4 +1,5 @@
-"""mwm.workflow.stages: the stage manifest the rules, the report, mwm.workflow.dvc and the HTML report's categories read."""
+"""mwm.workflow.stages: the stage manifest the rules, the report, mwm.workflow.dvc and the HTML report's
+categories read."""
 
 import re
 import subprocess
@@ -48,8 +49,9 @@ def test_study_files_and_what_the_report_reads():
     assert "alpha_final.csv" in study_files(("alpha",)) and "alpha_final.csv" not in study_files(("alpha",), reads=True)
 
 
-@pytest.mark.parametrize("item, category", [("ledger", "Ledger"), ("table4_results", "Tables"), ("fig3_absorption", "Studies"),
-                                            ("fig_alpha_opt", "Studies"), ("fig_solvers", "Studies"), ("fig5_val_loss", "Training")])
+@pytest.mark.parametrize("item, category", [("ledger", "Ledger"), ("table4_results", "Tables"),
+                                            ("fig3_absorption", "Studies"), ("fig_alpha_opt", "Studies"),
+                                            ("fig_solvers", "Studies"), ("fig5_val_loss", "Training")])
 def test_report_categories(item, category):
     assert report_category(item) == category
 

@@ -28,7 +28,8 @@ PAPER_TRAIN = {"learning_rate": 6e-4, "min_lr": 6e-5, "warmup_iters": 1000, "lr_
 
 def test_jacobian_identity_and_bound_hold_to_float_tolerance():
     g = torch.Generator().manual_seed(0)
-    z = torch.randn(200, 12, generator=g, dtype=torch.float64) * torch.logspace(-2, 1.5, 200, dtype=torch.float64)[:, None]
+    z = (torch.randn(200, 12, generator=g, dtype=torch.float64)
+         * torch.logspace(-2, 1.5, 200, dtype=torch.float64)[:, None])
     q = audits.softmax_quantities(z)
     explicit = audits.explicit_jacobian_fro2(z)
     assert torch.allclose(q["fro2"], explicit, rtol=1e-12, atol=1e-16)

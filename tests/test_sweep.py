@@ -10,7 +10,8 @@ from mwm.config.checks import check_config
 from mwm.config import ConfigError, load_config, validate
 from mwm.workflow.runs import config_run_identity, grid_variants, run_config
 from mwm.workflow.variants import assignment_spec
-from mwm.workflow.variants import intervention_keys, intervention_label, rate_label, sweep_overrides, sweep_points, sweep_variant
+from mwm.workflow.variants import (intervention_keys, intervention_label, rate_label, sweep_overrides, sweep_points,
+                                   sweep_variant)
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -111,7 +111,8 @@ def test_divergence_rule(tmp_path):
     assert mon2.check(4, float("nan")) is True and mon2.onset == 4
 
 
-@pytest.mark.parametrize("assignment", [pytest.param("dgram", marks=pytest.mark.slow), "dgram-colnorm", "adamw", "none"])
+@pytest.mark.parametrize("assignment",
+                         [pytest.param("dgram", marks=pytest.mark.slow), "dgram-colnorm", "adamw", "none"])
 def test_exploding_run_is_marked_unstable_and_exits_zero(tmp_path, assignment):
     # Which step and which check (loss, gradient, momentum, pre-retraction weight, Gram,
     # AdamW weight, or the val-loss rule) catches the explosion depends on float rounding;
@@ -163,7 +164,8 @@ def test_interrupted_run_resumes_bit_for_bit(tmp_path, how):
                                 train__checkpoint_interval=4, train__eval_interval=8)
     ref_out, out = tmp_path / "ref", tmp_path / "cut"
     assert subprocess.run(fakedata.child_cmd(cfg, ref_out, "hetero"), capture_output=True).returncode == 0
-    proc = subprocess.Popen(fakedata.child_cmd(cfg, out, "hetero"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(fakedata.child_cmd(cfg, out, "hetero"), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
     ck = out / "checkpoints" / "tiny" / "hetero" / "seed0" / "ckpt.pt"
     d = out / "runs" / "tiny" / "hetero" / "seed0"
     fakedata.wait_for(lambda: ck.exists() and (d / "metrics.csv").exists()
@@ -488,7 +490,8 @@ def test_sigint_checkpoints_like_sigterm(tmp_path):
     out = tmp_path / "out"
     d = out / "runs" / "tiny" / "none" / "seed0"
     proc = subprocess.Popen(fakedata.child_cmd(cfg, out), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    fakedata.wait_for(lambda: (d / "metrics.csv").exists() and len((d / "metrics.csv").read_text().splitlines()) > 3, proc)
+    fakedata.wait_for(lambda: ((d / "metrics.csv").exists()
+                               and len((d / "metrics.csv").read_text().splitlines()) > 3), proc)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=120) == EXIT_PREEMPTED
     ck = torch.load(out / "checkpoints" / "tiny" / "none" / "seed0" / "ckpt.pt", weights_only=True)
@@ -668,7 +671,8 @@ def _same_as_uninterrupted(tmp_path, d):
         assert (d / name).read_text() == (ref / name).read_text(), name
     rows = [r.split(",")[:4] for r in (d / "metrics.csv").read_text().splitlines()]
     assert rows == [r.split(",")[:4] for r in (ref / "metrics.csv").read_text().splitlines()]
-    assert sorted(p.name for p in (d / "spectra").glob("*.npz")) == sorted(p.name for p in (ref / "spectra").glob("*.npz"))
+    assert (sorted(p.name for p in (d / "spectra").glob("*.npz"))
+            == sorted(p.name for p in (ref / "spectra").glob("*.npz")))
 
 
 def test_a_kill_while_the_logs_are_copied_beside_a_checkpoint_loses_no_row(tmp_path, fake_data, monkeypatch, capsys):

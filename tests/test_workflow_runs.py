@@ -218,7 +218,8 @@ def test_a_config_whose_every_run_diverges_still_completes_its_dag(tmp_path, sou
         assert json.loads((runs / v / "seed0" / "summary.json").read_text())["status"] == "unstable", v
     studies = tmp_path / "results" / "studies" / "alldiv"
     absorption = json.loads((studies / "absorption_derived.json").read_text())
-    assert absorption["pairs_file"] is None and [Path(p["file"]).parts[-3] for p in absorption["pairs_not_captured"]] == (
+    assert absorption["pairs_file"] is None and [Path(p["file"]).parts[-3]
+                                                 for p in absorption["pairs_not_captured"]] == (
         ["stiefel", "dgram"] if source == "grid" else ["dgram"])
     solvers = json.loads((studies / "solvers_derived.json").read_text())
     assert solvers["by_manifold"] == {}
@@ -257,7 +258,8 @@ def test_snakemake_refuses_an_alias_bomb_at_once(tmp_path):
         pytest.fail("snakemake -n on an alias bomb did not end within 60 s")
     assert res.returncode != 0
     # named relative to the workflow's folder (-d), where it lies
-    assert "config bomb.yaml holds more than 100,000 values once its YAML aliases are expanded" in res.stdout + res.stderr
+    assert ("config bomb.yaml holds more than 100,000 values once its YAML aliases are expanded"
+            in res.stdout + res.stderr)
 
 
 # -- the workflow in a throwaway copy ----------
@@ -557,6 +559,7 @@ def test_a_config_edited_while_its_dag_runs_starts_no_job_on_the_edit(tmp_path):
     assert sum(r.is_file() for r in runs) == 1, out[-3000:]
     refused = "".join(f.read_text() for f, r in zip(logs, runs) if not r.is_file())
     assert f"config file {cfg.name} was edited after the workflow planned this job" in refused, refused[-2000:]
-    plan = snakemake_in(repo, "--configfile", cfg.name, "--cores", "1", "--dry-run", *(str(r.relative_to(repo)) for r in runs))
+    plan = snakemake_in(repo, "--configfile", cfg.name, "--cores", "1", "--dry-run",
+                        *(str(r.relative_to(repo)) for r in runs))
     planned = plan.stdout + plan.stderr
     assert plan.returncode == 0 and re.search(r"^train\s+2$", planned, re.M), planned[-3000:]

@@ -232,7 +232,8 @@ def test_lint_is_clean():
 
 BAD_CONFIGS = {
     # case: (edit of config/ci.yaml, text the error must contain)
-    "unknown assignment": (lambda c: c["grid"].update(assignments=["none", "stiefle"]), ["grid.assignments", "stiefle"]),
+    "unknown assignment": (lambda c: c["grid"].update(assignments=["none", "stiefle"]),
+                           ["grid.assignments", "stiefle"]),
     "negative lr": (lambda c: c["train"].update(learning_rate=-1e-3), ["train.learning_rate", "-0.001"]),
     "unknown key": (lambda c: c["train"].update(learning_rat=1e-3), ["train", "learning_rat"]),
     "missing value": (lambda c: c["workflow"]["resources"]["train"].update(mem_mb=None),
