@@ -92,7 +92,8 @@ def test_every_file_is_produced_and_tables_have_rows(results):
     by = ledger.set_index("id")
     assert set(by.index) == {c.id for c in paper.CLAIMS}  # every stated number has a row
     assert by.loc["theory.corollary", "verdict"] == "contradicted by an audit"
-    assert by.loc["theory.gelu", "verdict"] == "contradicted by an audit" and "1.129" in by.loc["theory.gelu", "rebuilt"]
+    assert (by.loc["theory.gelu", "verdict"] == "contradicted by an audit"
+            and "1.129" in by.loc["theory.gelu", "rebuilt"])
     # unstable at a tiny scale, but the rule needs paper scale: not comparable, decided before the data
     assert by.loc["instability.dgram", "verdict"] == "not comparable at this scale"
     assert "needs paper" in by.loc["instability.dgram", "why"]
@@ -113,7 +114,8 @@ def test_missing_run_is_an_error_naming_it(results, tmp_path, capsys):
     assert main(["--config", str(path), "--results", str(copy), "--out", str(tmp_path / "pf2")]) == 2
     assert "hetero/seed1" in capsys.readouterr().err
     (copy / "studies" / "tiny" / "audits.json").unlink()
-    shutil.copytree(root / "results" / "runs" / "tiny" / "hetero" / "seed1", copy / "runs" / "tiny" / "hetero" / "seed1")
+    shutil.copytree(root / "results" / "runs" / "tiny" / "hetero" / "seed1",
+                    copy / "runs" / "tiny" / "hetero" / "seed1")
     with pytest.raises(ReportError, match="audits.json"):
         build(cfg, copy, tmp_path / "pf3")
 
@@ -301,3 +303,20 @@ def test_a_report_folder_that_cannot_be_written_is_a_one_line_error(tmp_path, ca
     err = capsys.readouterr().err
     assert rc == 1 and err.count("\n") == 1, err
     assert "cannot write the report: Permission denied" in err and "ledger.csv" in err
+
+
+def test_the_dvc_metrics_file_gives_each_variants_final_loss_over_its_seeds(tmp_path):
+    from types import SimpleNamespace
+
+    from mwm.report.training import run_metrics, write_run_metrics
+
+    def run(v, seed, loss, status="completed"):
+        return SimpleNamespace(variant=v, seed=seed, summary={"final_val_loss": loss, "status": status})
+
+    runs = {("stiefel", 0): run("stiefel", 0, 4.0), ("stiefel", 1): run("stiefel", 1, 5.0),
+            ("dgram", 0): run("dgram", 0, None, "failed"), ("dgram", 1): run("dgram", 1, 6.0, "unstable")}
+    got = run_metrics(runs)
+    assert got["stiefel"] == {"final_val_loss_mean": 4.5, "final_val_loss_std": 0.5, "completed": 2, "seeds": [0, 1]}
+    assert got["dgram"] == {"final_val_loss_mean": 6.0, "final_val_loss_std": 0.0, "completed": 0, "seeds": [0, 1]}
+    path = write_run_metrics(runs, tmp_path)
+    assert path.name == "metrics.json" and json.loads(path.read_text()) == got

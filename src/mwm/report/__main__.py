@@ -30,7 +30,7 @@ from mwm.report.mechanism2 import mechanism2_report
 from mwm.report.solver_training import solver_training_report
 from mwm.report.sweep import sweep_report
 from mwm.report.studies import SOLVER_STUDY_FILES, load_studies, solver_study_report, studies_report
-from mwm.report.training import training_report
+from mwm.report.training import training_report, write_run_metrics
 
 
 def build(cfg: dict, results: Path, out: Path) -> Path:
@@ -39,6 +39,8 @@ def build(cfg: dict, results: Path, out: Path) -> Path:
         solver_study_report(load_studies(folder, required=SOLVER_STUDY_FILES, cfg=cfg), out)
         return out
     runs = load_runs(cfg, results)
+    out.mkdir(parents=True, exist_ok=True)
+    write_run_metrics(runs, out)  # every report with runs: one file that `dvc exp show` compares
     if cfg["workflow"]["report"] == "sweep":  # a learning-rate sweep: its figures, tables and ledger rows
         write_ledger(build_sweep_ledger(cfg, sweep_report(cfg, runs, out)), out)
         return out

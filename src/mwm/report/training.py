@@ -4,6 +4,7 @@ training runs."""
 from __future__ import annotations
 
 import io
+import math
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -15,18 +16,20 @@ from PIL import Image
 
 from mwm import paper
 from mwm.optim.assignments import resolve_assignment
-from mwm.io import atomic_write
+from mwm.io import atomic_write, atomic_write_json
 from mwm.config.layout import SIZES, hidden_matrix_shapes
 from mwm.optim.manifolds import get_manifold
 from mwm.train.model import GPT, GPTConfig
-from mwm.config.names import ADAMW, ATTN_MATRICES, MLP_MATRICES, NAMED_ASSIGNMENTS, PAPER_ASSIGNMENTS, UNCONSTRAINED, is_colnorm, parse_variant
+from mwm.config.names import (ADAMW, ATTN_MATRICES, MLP_MATRICES, NAMED_ASSIGNMENTS, PAPER_ASSIGNMENTS, UNCONSTRAINED,
+                              is_colnorm, parse_variant)
 from mwm.workflow.variants import assignment_spec
 from mwm.train.schedule import muon_lr_series
 from mwm.report import style
 from mwm.report.load import RunData, load_spectrum, spectra_steps
 from mwm.report.tables import write_table
+from mwm.workflow.stages import STAGES
 
-__all__ = ["training_report", "base_variants", "ablation_pairs", "aggregate_status",
+__all__ = ["training_report", "run_metrics", "write_run_metrics", "base_variants", "ablation_pairs", "aggregate_status",
            "growth_bound"]
 
 ATTN_MATS, MLP_MATS = ATTN_MATRICES, MLP_MATRICES
@@ -302,6 +305,25 @@ def table_assignments(cfg: dict, out: Path, variants: list[str]) -> pd.DataFrame
     df = pd.DataFrame(rows)
     write_table(df, out, "table3_assignments", "Table 3: manifold assignments (Muon = unconstrained Muon)")
     return df
+
+
+def run_metrics(runs) -> dict:
+    """The config's DVC metrics (``metrics.json``): per variant, the final val loss's mean and spread
+    (population std) over the seeds that have one, how many seeds completed, and which seeds ran."""
+    out = {}
+    for v in dict.fromkeys(v for v, _ in sorted(runs)):
+        rs = seeds_of(runs, v)
+        finals = [r.summary["final_val_loss"] for r in rs if r.summary["final_val_loss"] is not None
+                  and math.isfinite(r.summary["final_val_loss"])]
+        out[v] = {"final_val_loss_mean": round(float(np.mean(finals)), 6) if finals else None,
+                  "final_val_loss_std": round(float(np.std(finals)), 6) if finals else None,
+                  "completed": sum(r.summary["status"] == "completed" for r in rs),
+                  "seeds": [r.seed for r in rs]}
+    return out
+
+
+def write_run_metrics(runs, out: Path) -> Path:
+    return atomic_write_json(out / STAGES["report"].file("metrics"), run_metrics(runs), sort_keys=False)
 
 
 def table_results(runs, out: Path, variants: list[str]) -> pd.DataFrame:

@@ -39,8 +39,8 @@ class Stage:
         try:
             return self.files[key]
         except KeyError:
-            raise KeyError(f"stage {self.entry}: no output {key!r} in mwm.workflow.stages (has {', '.join(self.files)})") \
-                from None
+            raise KeyError(f"stage {self.entry}: no output {key!r} in mwm.workflow.stages "
+                           f"(has {', '.join(self.files)})") from None
 
 
 #: The keys of the solver study that choose which grid runs capture which steps: training reads them
@@ -72,7 +72,8 @@ STAGES: dict[str, Stage] = {
     # a variant's assignment (grid.custom) and train overrides come from grid
     "train": Stage("train", "mwm.train", ("train", "model", "grid", *_CAPTURE_KEYS)),
     # the report reads other sections only to describe the scale; their changes reach it through its inputs
-    "report": Stage("report", "mwm.report", ()),
+    # metrics: the config's DVC metrics file (per variant: final val loss over seeds), for `dvc exp show`
+    "report": Stage("report", "mwm.report", (), {"metrics": "metrics.json"}),
 }
 
 #: The numerical studies, in the order the report draws them.
