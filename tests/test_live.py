@@ -80,3 +80,45 @@ def test_without_a_logger_no_live_folder_is_written(tiny_config, tmp_path):
     run_dir = tmp_path / "out" / "runs" / "tiny" / "none" / "seed0"
     assert (run_dir / "metrics.csv").exists()
     assert not (run_dir / "tensorboard").exists() and not (run_dir / "dvclive").exists()
+
+
+def test_both_loggers_get_the_runs_parameters(tiny_config, tmp_path):
+    import yaml
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = tiny_config(workflow__loggers=["tensorboard", "dvclive"], train__max_iters=2, train__lr_decay_iters=2,
+                      train__eval_interval=2)
+    assert main(["--config", str(cfg), "--assignment", "hetero", "--seed", "3", "--out", str(tmp_path / "out")]) == 0
+    run_dir = tmp_path / "out" / "runs" / "tiny" / "hetero" / "seed3"
+    params = yaml.safe_load((run_dir / "dvclive" / "params.yaml").read_text())
+    assert params["assignment"] == "hetero" and params["seed"] == 3 and params["train.max_iters"] == 2
+    acc = EventAccumulator(str(run_dir / "tensorboard"))
+    acc.Reload()
+    content = acc.PluginTagToContent("hparams")
+    assert "_hparams_/session_start_info" in content
+    assert b"train.max_iters" in content["_hparams_/session_start_info"]
+
+
+def test_flat_params_keeps_numbers_and_spells_the_rest():
+    from mwm.train.live import flat_params
+
+    got = flat_params({"seed": 0, "train": {"lr": 1e-3, "cap": None, "divergence": {"stop": True}},
+                       "paths": ["a", "b"]})
+    assert got == {"seed": 0, "train.lr": 1e-3, "train.cap": "null", "train.divergence.stop": True,
+                   "paths": "['a', 'b']"}
+
+
+def test_dvc_hashes_no_live_folder_of_a_run():
+    """The live folders are rebuilt from the CSVs: .dvcignore keeps them out of the runs stage's hash,
+    so choosing a logger changes no tracked output."""
+    from pathlib import Path
+
+    pathspec = pytest.importorskip("pathspec")
+    from mwm.train.live import LOGGERS
+
+    root = Path(__file__).resolve().parents[1]
+    spec = pathspec.GitIgnoreSpec.from_lines((root / ".dvcignore").read_text().splitlines())
+    for name in LOGGERS:
+        assert spec.match_file(f"results/runs/ci/hetero/seed0/{name}/events.out"), name
+    assert not spec.match_file("results/runs/ci/hetero/seed0/metrics.csv")
+    assert not spec.match_file("results/runs/ci/hetero/seed0/summary.json")

@@ -5,7 +5,10 @@ writes to ``metrics.csv``, ``eval.csv``, ``spectral.csv`` and ``attention.csv`` 
 written, to TensorBoard event files (``<run>/tensorboard/``) and DVCLive's metric files
 (``<run>/dvclive/``), so a 30-hour run can be watched in ``tensorboard --logdir results/runs`` or
 with ``dvc plots``. When a run starts or resumes, its live logs are rebuilt from its CSVs (already
-cut back to the checkpoint's step), so a resumed run shows each step once.
+cut back to the checkpoint's step), so a resumed run shows each step once. Both also get the run's
+parameters (its identity, flattened to dotted keys: :func:`flat_params`): TensorBoard's hparams,
+DVCLive's ``params.yaml``. The live folders are rebuilt from the CSVs, so DVC does not hash them
+(``.dvcignore``): choosing a logger leaves the ``runs`` stage's output as it was.
 
 Tags: ``train/loss``, ``train/lr``, ``train/muon_lr`` (every step); ``eval/train_loss``,
 ``eval/val_loss``; ``sigma_max/<matrix>`` (every evaluation; logit growth's bound);
@@ -20,7 +23,7 @@ from typing import Iterable
 
 from mwm.config.names import LOGGERS  # the loggers a config may choose
 
-__all__ = ["LOGGERS", "scalars", "LiveLogs", "TeeLog"]
+__all__ = ["LOGGERS", "scalars", "flat_params", "LiveLogs", "TeeLog"]
 
 
 def scalars(table: str, row: dict) -> list[tuple[str, float]]:
@@ -36,10 +39,26 @@ def scalars(table: str, row: dict) -> list[tuple[str, float]]:
     return []
 
 
-class LiveLogs:
-    """The chosen loggers of one run folder, rebuilt from its CSVs (``tables``: key -> path)."""
+def flat_params(params: dict, prefix: str = "") -> dict[str, int | float | str | bool]:
+    """``params`` with nested sections flattened to dotted keys; ``None`` and lists as their text
+    (TensorBoard's hparams take numbers, strings and booleans only)."""
+    out: dict[str, int | float | str | bool] = {}
+    for key, value in params.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flat_params(value, f"{name}."))
+        elif isinstance(value, (bool, int, float, str)):
+            out[name] = value
+        else:
+            out[name] = "null" if value is None else str(value)
+    return out
 
-    def __init__(self, names: Iterable[str], run_dir: str | Path, tables: dict[str, Path]):
+
+class LiveLogs:
+    """The chosen loggers of one run folder, rebuilt from its CSVs (``tables``: key -> path), with the run's
+    ``params`` (nested; see :func:`flat_params`)."""
+
+    def __init__(self, names: Iterable[str], run_dir: str | Path, tables: dict[str, Path], params: dict | None = None):
         names = list(names)
         unknown = sorted(set(names) - set(LOGGERS))
         if unknown:
@@ -56,12 +75,24 @@ class LiveLogs:
             from dvclive import Live
 
             self.live = Live(dir=str(self.dir / "dvclive"), save_dvc_exp=False, dvcyaml=None, report=None)
+        if params:
+            self._log_params(flat_params(params))
         from mwm.io import read_csv_rows
 
         for table, path in tables.items():
             if Path(path).exists():
                 self.write(table, read_csv_rows(path))
         self.flush()
+
+    def _log_params(self, flat: dict) -> None:
+        if self.tb is not None:
+            from torch.utils.tensorboard.summary import hparams
+
+            # in the run's own event file, tied to its val-loss series (no separate hparams run)
+            for summary in hparams(flat, {"eval/val_loss": float("nan")}):
+                self.tb.file_writer.add_summary(summary)
+        if self.live is not None:
+            self.live.log_params(flat)
 
     def write(self, table: str, rows: dict | Iterable[dict]) -> None:
         for row in [rows] if isinstance(rows, dict) else rows:

@@ -414,7 +414,8 @@ class Run:
             if names:  # live curves (mwm.train.live), rebuilt from the CSVs just cut back to resume_step
                 from mwm.train.live import LiveLogs, TeeLog
 
-                self.live = LiveLogs(names, self.dir, {k: log.path for k, log in self.logs.items()})
+                self.live = LiveLogs(names, self.dir, {k: log.path for k, log in self.logs.items()},
+                                     params=self._identity())
                 self.logs = {k: TeeLog(log, k, self.live) for k, log in self.logs.items()}
 
     # -- checkpoint -----------------------------------------------------------------------
@@ -669,7 +670,8 @@ class Run:
             self.log(f"step {it}/{tc['max_iters']} loss {loss:.4f} lr {lr:.2e} "
                      f"{1000 * sum(recent) / len(recent):.1f} ms/step {tokens / dt:,.0f} tok/s "
                      f"opt {100 * opt_t / dt:.0f}% eta "
-                     + (f"{eta / 3600:.1f} h" if eta >= 3600 else f"{eta / 60:.1f} min" if eta >= 60 else f"{eta:.0f} s"))
+                     + (f"{eta / 3600:.1f} h" if eta >= 3600
+                        else f"{eta / 60:.1f} min" if eta >= 60 else f"{eta:.0f} s"))
 
     # -- outputs --------------------------------------------------------------------------
     def write_summary(self, status: str | None = None, error: str | None = None):
@@ -720,7 +722,8 @@ class Run:
                 self.pairs.save_none(missing)
             if self.tc["keep_final_checkpoint"]:
                 # on the CPU, so that it loads on a host without a GPU
-                atomic_torch_save(self.dir / "final.pt", {k: v.detach().cpu() for k, v in self.model.state_dict().items()})
+                atomic_torch_save(self.dir / "final.pt",
+                                  {k: v.detach().cpu() for k, v in self.model.state_dict().items()})
         self.write_summary()
         if self.master:
             self.folder.drop_checkpoint()
