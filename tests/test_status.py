@@ -117,7 +117,6 @@ def test_reads_a_run_being_written_without_locking(cfg, tmp_path):
 def test_a_real_run_logs_progress_and_reads_completed(tiny_config, fake_data, tmp_path, capsys, one_thread):
     """The training log shows step, loss, lr, ms/step and ETA every log_interval steps, and the
     status table reads the finished run folder."""
-    import fakedata
     from mwm.train.loop import train
 
     path = tiny_config(train__max_iters=8, train__log_interval=4)
@@ -207,7 +206,8 @@ def test_stage_times_sum_the_benchmarks_of_finished_jobs(tmp_path):
     (logs / "benchmarks" / "report").mkdir(parents=True)
     (logs / "benchmarks" / "report" / "report.tsv").write_text("s\tcpu_time\n")  # being written: skipped
     bench = status.read_benchmarks(logs)
-    assert bench["train"]["stiefel/seed0"] == {"s": 300.0, "cpu_time": 290.0} and "report" not in bench
+    assert (bench["train"]["stiefel/seed0"] == {"s": 300.0, "cpu_time": 290.0, "max_rss": 100.0}
+            and "report" not in bench)
     rows = status.stage_times(bench)
     assert [r[0] for r in rows] == ["data", "study_alpha", "train", "total"]  # the DAG's order
     train = rows[2]

@@ -39,7 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mwm.config import ConfigError, load_config
-from mwm.workflow.runs import checkpoint_dir, expected_identity, grid_variants, identity_checkable, identity_problem, run_dir
+from mwm.workflow.runs import (checkpoint_dir, expected_identity, grid_variants, identity_checkable, identity_problem,
+                               run_dir)
 from mwm.workflow.stages import REPORT_INPUTS, STAGES as STAGE_FILES, STUDIES
 
 __all__ = ["RunStatus", "run_status", "collect", "format_table", "read_benchmarks", "stage_times", "dag_eta", "main"]
@@ -216,7 +217,7 @@ STAGES = ("data", *(f"study_{name}" for name in STUDY_MARKERS), "train", "report
 
 
 def read_benchmarks(logs: Path) -> dict[str, dict[str, dict]]:
-    """``{stage: {job: {"s": wall seconds, "cpu_time": CPU seconds}}}`` from Snakemake's
+    """``{stage: {job: {"s": wall seconds, "cpu_time": CPU seconds, "max_rss": peak MB}}}`` from Snakemake's
     benchmark TSVs under ``logs/benchmarks/`` (a job benchmarked over repeats: their mean; an
     unreadable or partial file is skipped: the job is still being written or was cut)."""
     out: dict[str, dict[str, dict]] = {}
@@ -226,15 +227,17 @@ def read_benchmarks(logs: Path) -> dict[str, dict[str, dict]]:
             rows = list(csv.DictReader(io.StringIO(path.read_text()), delimiter="\t"))
         except (OSError, UnicodeDecodeError, csv.Error):
             continue
-        vals = [(_float(r.get("s")), _float(r.get("cpu_time"))) for r in rows]
-        vals = [(w, c) for w, c in vals if w is not None]
+        vals = [(_float(r.get("s")), _float(r.get("cpu_time")), _float(r.get("max_rss"))) for r in rows]
+        vals = [v for v in vals if v[0] is not None]
         if not vals:
             continue
         stage = path.relative_to(root).parts[0]
         job = path.relative_to(root / stage).with_suffix("").as_posix()
-        cpus = [c for _, c in vals if c is not None]
-        out.setdefault(stage, {})[job] = {"s": sum(w for w, _ in vals) / len(vals),
-                                          "cpu_time": sum(cpus) / len(cpus) if cpus else None}
+        cpus = [c for _, c, _ in vals if c is not None]
+        rss = [m for _, _, m in vals if m is not None]
+        out.setdefault(stage, {})[job] = {"s": sum(v[0] for v in vals) / len(vals),
+                                          "cpu_time": sum(cpus) / len(cpus) if cpus else None,
+                                          "max_rss": max(rss) if rss else None}
     return out
 
 
