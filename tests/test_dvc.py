@@ -368,7 +368,9 @@ def test_repro_after_pull_reruns_nothing_and_status_is_clean(ws):
 def test_metrics_and_plots(ws, tmp_path):
     root, env = ws["root"], ws["env"]
     shown = run(["dvc", "metrics", "show"], root, env).stdout
-    assert "final_val_loss" in shown and "completed" in shown  # strings (status) are shown
+    # one metrics file per config: each variant's final val loss over its seeds
+    assert "final_val_loss_mean" in shown and "final_val_loss_std" in shown and "completed" in shown
+    assert "summary.json" not in shown
     plots = run(["dvc", "plots", "show", "-o", str(tmp_path / "plots")], root, env)
     html = (tmp_path / "plots" / "index.html").read_text()
     assert "val loss (ci)" in html and "sigma_max (ci)" in html, plots.stdout
@@ -666,3 +668,60 @@ def test_help_names_the_sync_command(capsys):
     with pytest.raises(SystemExit) as exc:
         dvcgen.main(["--help"])
     assert exc.value.code == 0 and "sync" in capsys.readouterr().out
+
+
+def test_a_cluster_configs_stages_submit_through_its_profile_and_the_others_run_locally():
+    """workflow.dvc_profile: `dvc repro` of the paper submits its jobs to SLURM instead of training on the
+    machine it runs on (a login node); a config without one runs its jobs where DVC runs."""
+    from mwm.config import load_config
+    from mwm.workflow import dvc as dvcgen
+
+    cwd = os.getcwd()
+    os.chdir(REPO)
+    try:
+        texts = dvcgen.pipelines(dvcgen.all_configs())
+        profiles = {c: load_config(c)["workflow"]["dvc_profile"] for c in dvcgen.all_configs()}
+    finally:
+        os.chdir(cwd)
+    assert profiles["config/paper.yaml"] == "slurm" and profiles[CI] is None
+    for path, text in texts.items():
+        cfg = re.match(r"# DVC pipeline of (\S+):", text).group(1)
+        for name, stage in yaml.safe_load(text)["stages"].items():
+            want = f"--profile {profiles[cfg]}" if profiles[cfg] else "--cores all"
+            assert stage["cmd"].startswith(f"snakemake {want} "), (path, name, stage["cmd"])
+            assert ("--cores" in stage["cmd"]) == (profiles[cfg] is None), (path, name)
+
+
+def test_a_profile_name_that_is_not_a_name_is_refused(tmp_path):
+    from mwm.config import ConfigError, load_config
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((REPO / CI).read_text() + "\n")
+    text = bad.read_text()
+    bad.write_text(text.replace("workflow:", "workflow:\n  dvc_profile: ../../etc", 1) if "workflow:" in text
+                   else text + "workflow:\n  dvc_profile: ../../etc\n")
+    with pytest.raises(ConfigError, match="dvc_profile"):
+        load_config(bad)
+
+
+@pytest.mark.slow
+@needs_tools
+def test_an_experiment_changes_a_param_reruns_and_compares(ws):
+    """docs/dvc.md's experiment workflow as typed: change a param with ``dvc exp run -S``, then
+    ``dvc exp show`` and ``dvc metrics diff`` put the two runs side by side. Last in the module: it
+    changes the shared workspace."""
+    root, env = ws["root"], dict(ws["env"])
+    env.update(GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
+    run(["git", "add", "-A"], root, env)
+    run(["git", "commit", "-q", "-m", "baseline"], root, env)  # experiments start from a commit
+    before = json.loads((root / "paper_figures" / "ci" / "metrics.json").read_text())
+    run(["dvc", "exp", "run", "-n", "warm3", "-S", f"{CI}:train.warmup_iters=3"], root, env, timeout=1200)
+    assert "warmup_iters: 3" in (root / CI).read_text()
+    after = json.loads((root / "paper_figures" / "ci" / "metrics.json").read_text())
+    assert after.keys() == before.keys() and after != before  # every variant retrained, with new losses
+
+    shown = json.loads(run(["dvc", "exp", "show", "--json"], root, env).stdout)
+    assert "warm3" in json.dumps(shown) and "final_val_loss_mean" in json.dumps(shown)
+    diff = json.loads(run(["dvc", "metrics", "diff", "--json"], root, env).stdout)
+    changed = diff[next(iter(diff))]
+    assert any(k.endswith("final_val_loss_mean") and v["diff"] for k, v in changed.items()), changed

@@ -34,9 +34,10 @@ import yaml
 from mwm.config import ConfigError, load_config
 from mwm.data import dataset_dir
 from mwm.io import atomic_write_text
+from mwm.setaside import SET_ASIDE_RULE
 from mwm.workflow.paths import leads_out
 from mwm.workflow.runs import RESULTS_ROOT, grid_variants
-from mwm.workflow.stages import REPORT_INPUTS, products, rule_file_sections
+from mwm.workflow.stages import REPORT_INPUTS, STAGES, products, rule_file_sections
 
 __all__ = ["PERSISTENT", "pipeline", "pipelines", "render", "check", "sync", "main"]
 
@@ -52,7 +53,8 @@ NUMERICS_MODULE = "mwm.numerics"
 #: are its code (None: versioned by the numerics instead).
 KINDS = {
     "data": ("data", ("prepare_data",), "mwm.data"),
-    "runs": ("train", ("train",), None),
+    # a finished run trained with other settings (an experiment's -S) is set aside before it is retrained
+    "runs": ("train", ("train", SET_ASIDE_RULE), None),
     "studies": ("studies", ("study_alpha", "study_absorption", "study_audits", "study_solvers"), None),
     "figures": ("report", ("report",), "mwm.report"),
 }
@@ -150,7 +152,9 @@ def pipeline(cfg_path: str, cfg: dict, owned_data: set[str]) -> dict:
         sections = [s for s in rule_file_sections(rule_file) if _file_sets(raw, s) or "." not in s and s in cfg]
         ups = [where[k] for k in reads.get(kind, [])]
         schemas = [(SCHEMA / f"{s}.yaml").as_posix() for s in dict.fromkeys(s.split(".")[0] for s in sections)]
-        stage = {"cmd": f"snakemake --cores all --configfile {shlex.quote(cfg_path)} --allowed-rules "
+        where_jobs = (f"--profile {shlex.quote(cfg['workflow']['dvc_profile'])}" if cfg["workflow"]["dvc_profile"]
+                      else "--cores all")
+        stage = {"cmd": f"snakemake {where_jobs} --configfile {shlex.quote(cfg_path)} --allowed-rules "
                         f"{' '.join(rules)} {kind} -- {kind}",
                  "deps": [*ups, f"rules/{rule_file}.smk", *schemas, *(code_deps(entry) if entry else [])]}
         params = ([{cfg_path: sections}] if sections else []) + ([] if entry else [dict(NUMERICS)])
@@ -161,7 +165,7 @@ def pipeline(cfg_path: str, cfg: dict, owned_data: set[str]) -> dict:
     content = {"stages": stages}
     if "runs" in made and with_runs:
         runs = [f"{where['runs']}/{v}/seed{s}" for v in grid_variants(cfg["grid"]) for s in cfg["grid"]["seeds"]]
-        content["metrics"] = [f"{r}/summary.json" for r in runs]
+        content["metrics"] = [f"{where['figures']}/{STAGES['report'].file('metrics')}"]
         content["plots"] = [{f"{title} ({cfg['name']})": {"x": "step", "y": {f"{r}/{f}": col for r in runs},
                                                           "template": template}}
                             for title, f, col, template in PLOTS]
