@@ -23,8 +23,8 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-__all__ = ["atomic_write", "atomic_write_text", "atomic_write_bytes", "current_umask", "strict_json", "atomic_write_json", "atomic_savez", "atomic_torch_save", "CsvLog",
-           "read_csv_rows"]
+__all__ = ["atomic_write", "atomic_write_text", "atomic_write_bytes", "current_umask", "strict_json",
+           "atomic_write_json", "atomic_savez", "atomic_torch_save", "CsvLog", "read_csv_rows"]
 
 
 def current_umask() -> int:

@@ -292,7 +292,8 @@ _L = "config/long.yaml (or paper scale)"
 _S = "config/sweep.yaml (a learning-rate sweep, >= 3 seeds)"
 _M = "config/mechanism.yaml (the pre-registered causal experiment, >= 6 seeds)"
 _M2 = "config/mechanism2.yaml (the second pre-registered mechanism experiment, 12 seeds per baseline)"
-_ABS = "config/config.yaml or paper.yaml (the paper's absorption protocol: 200 reference iterations, T = 20, T = 5 vs 100)"
+_ABS = ("config/config.yaml or paper.yaml (the paper's absorption protocol: 200 reference iterations, T = 20, "
+        "T = 5 vs 100)")
 
 _MECH2_LABEL = {"dgram": "All DGram", "hetero-inv": "Hetero-inv (DGram attention, Stiefel MLP)"}
 _MECH2_ARM = {"solver": "a fixed inner solve on every constrained matrix",
@@ -332,7 +333,8 @@ def _mech2_claims(b: str) -> tuple[Claim, ...]:
         Claim(f"mech2.fails.{b}", f"{label} fails to train at large step sizes where Stiefel attention trains "
               f"(fresh seeds): share of its plain runs failed at the largest rate ({MECH2_RATES[-1]:g})", "4, 6",
               "DGram attention unstable",
-              Rule("share_ci", text=f"{_MECH2_FAILED}; over the plain {_MECH2_LABEL[b]} runs at rate {MECH2_RATES[-1]:g}: "
+              Rule("share_ci", text=f"{_MECH2_FAILED}; over the plain {_MECH2_LABEL[b]} runs at rate "
+                   f"{MECH2_RATES[-1]:g}: "
                    f"reproduced iff the {CI_LEVEL:.0%} Clopper-Pearson lower bound of the failed share is > "
                    f"{FAIL_SHARE:g}, not reproduced iff its upper bound is < {FAIL_SHARE:g}, else not resolved",
                    **kw), _M2, FAIL_SHARE),
@@ -670,7 +672,8 @@ def _judge_restore(c: Claim, x: tuple[int, int]) -> tuple[str, str]:
     claim is that it restores (True) or that it does not (False)."""
     restored, failed = x
     if failed < MIN_FAILED_CELLS:
-        return UNRESOLVED, f"the plain arm failed in {failed} cell(s), fewer than {MIN_FAILED_CELLS}: nothing to restore"
+        return UNRESOLVED, (f"the plain arm failed in {failed} cell(s), fewer than {MIN_FAILED_CELLS}: "
+                            "nothing to restore")
     share = restored / failed
     lo, hi = RESTORE_SHARE
     shown = f"trains in {restored} of {failed} failed cells ({share:.0%})"

@@ -33,8 +33,8 @@ from pathlib import Path
 
 from mwm.config import ConfigError
 from mwm.workflow.paths import inside
-from mwm.workflow.runs import (HAND_FOLDER, RESULTS_ROOT, checkpoint_dir, expected_identity, grid_variants, identity_problem,
-                   run_dir)
+from mwm.workflow.runs import (HAND_FOLDER, RESULTS_ROOT, checkpoint_dir, expected_identity, grid_variants,
+                               identity_problem, run_dir)
 
 __all__ = ["RETRAIN_FOLDER", "FOREIGN_FOLDER", "SET_ASIDE_RULE", "RECORD_FILE", "retrain_dir", "retrain_markers",
            "next_marker", "foreign_root", "foreign_problem", "set_aside", "main"]
@@ -139,7 +139,8 @@ def set_aside(cfg: dict, config_file: str, variant: str, seed: int, marker: str 
     folder = retrain_dir(root, name, variant, seed)
     marker = Path(marker)
     if os.path.abspath(marker.parent) != os.path.abspath(folder) or not _MARKER.match(marker.name):
-        raise ConfigError(f"marker {marker}: the markers of {variant} seed {seed} are {folder}/<n>.json (n = 1, 2, ...)")
+        raise ConfigError(f"marker {marker}: the markers of {variant} seed {seed} are "
+                          f"{folder}/<n>.json (n = 1, 2, ...)")
     record = {"run": run.as_posix(), "config_file": config_file, "at": _utc_stamp(now), "moved_to": None,
               "why": "nothing set aside: no summary there that is not the config's (a retry after the move, or the run "
                      "was retrained meanwhile)"}

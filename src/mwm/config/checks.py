@@ -5,8 +5,8 @@ pattern onto the model's hidden-matrix names (:mod:`mwm.config.layout`: torch-fr
 ``n_embd`` must divide by ``n_head``, and every pattern must match a hidden matrix; with
 ``studies.solvers.source: grid`` the captured runs must be in the grid and their window
 inside their training; a learning-rate sweep and its intervention agree with the rest
-(:func:`mwm.workflow.variants.check_sweep`). ``rules/common.smk`` calls it when Snakemake loads the workflow, ``mwm.train`` before it
-reads any data.
+(:func:`mwm.workflow.variants.check_sweep`). ``rules/common.smk`` calls it when Snakemake loads the
+workflow, ``mwm.train`` before it reads any data.
 
 :func:`check_splits` (in :mod:`mwm.data.splits`, so the data stage needs no training code)
 compares the data stage's ``meta.json`` (token counts of each split) with
@@ -109,4 +109,5 @@ def _check_grid_capture(cfg: dict, where: str) -> None:
                               "grid both capture sequences; keep one")
         if stop > tc["max_iters"]:
             raise ConfigError(f"{where}: studies.solvers.capture_start + capture_length = {stop} is past "
-                              f"train.max_iters {tc['max_iters']} of the grid's {a} runs (studies.solvers.source: grid)")
+                              f"train.max_iters {tc['max_iters']} of the grid's {a} runs "
+                              "(studies.solvers.source: grid)")

@@ -118,7 +118,8 @@ class Optimizers:
     def step(self, inputs: bool = False, directions: dict | None = None) -> dict | None:
         """Both steps; with ``inputs``, returns what the Muon updates consumed,
         ``{name: (manifold, W, U)}`` (:meth:`ManifoldMuon.step_with_inputs`, which also fills
-        ``directions`` with each one's step direction; empty without Muon matrices), else None. Non-finite values raise ``FloatingPointError`` where they first
+        ``directions`` with each one's step direction; empty without Muon matrices), else None.
+        Non-finite values raise ``FloatingPointError`` where they first
         show: AdamW's gradients (checked before anything is written), Muon's gradients,
         momentum and weights (see :class:`ManifoldMuon`), and AdamW's new weights
         (NaN, Inf, or a squared norm that overflows: a weight decay factor

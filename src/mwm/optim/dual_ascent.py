@@ -49,8 +49,8 @@ from typing import Iterable
 
 import torch
 
-from mwm.optim.inner import (InnerResult, Tolerance, check_inputs, check_iterations, or_default, result, start_multiplier,
-                    tall_pair)
+from mwm.optim.inner import (InnerResult, Tolerance, check_inputs, check_iterations, or_default, result,
+                             start_multiplier, tall_pair)
 from mwm.optim.manifolds import Manifold, get_manifold, rms
 from mwm.optim.msign import (DEFAULT_STEPS, GRAM_RESTART, check_precision, choose_order, frobenius_scale, msign,
                     polar_express_gram)

@@ -139,7 +139,8 @@ def _model(assignment: str | None, precision: str = "float32", dtype=torch.float
         x, y = tokens[:, :-1], tokens[:, 1:]
         if assignment is None:
             return model(x, y)[1].detach().reshape(1)
-        opts = build_optimizers(model, assignment, OptimizerSettings.defaults(solver=SolverSettings.defaults(precision=precision)))
+        settings = OptimizerSettings.defaults(solver=SolverSettings.defaults(precision=precision))
+        opts = build_optimizers(model, assignment, settings)
         opts.zero_grad()
         model(x, y)[1].backward()
         opts.step()
@@ -269,8 +270,8 @@ def spread(settings=None) -> dict[str, float]:
         for i, s in enumerate(settings):
             env = dict(os.environ, **{k: v for k, v in s.items() if k != "threads"})
             out = Path(tmp) / f"{i}.npz"
-            proc = subprocess.run([sys.executable, "-m", "mwm.optim.golden", "--write", "--force", "--out", str(out), "--threads",
-                                   s.get("threads", "1")], env=env, capture_output=True, text=True)
+            proc = subprocess.run([sys.executable, "-m", "mwm.optim.golden", "--write", "--force", "--out", str(out),
+                                   "--threads", s.get("threads", "1")], env=env, capture_output=True, text=True)
             if proc.returncode != 0:  # e.g. a kernel this CPU lacks
                 print(f"skipped {s}: exit {proc.returncode}", file=sys.stderr)
                 continue

@@ -11,8 +11,8 @@ import torch
 
 from mwm.optim.manifolds import to_tall
 
-__all__ = ["InnerResult", "or_default", "check_inputs", "check_iterations", "tall_pair", "start_multiplier", "Tolerance",
-           "result"]
+__all__ = ["InnerResult", "or_default", "check_inputs", "check_iterations", "tall_pair", "start_multiplier",
+           "Tolerance", "result"]
 
 
 @dataclass

@@ -22,7 +22,8 @@ from mwm.io import atomic_write_text
 from mwm.config.names import ATTN_MATRICES, MLP_MATRICES
 from mwm.report.tables import fmt
 
-__all__ = ["build_ledger", "build_sweep_ledger", "build_mechanism_ledger", "build_mechanism2_ledger", "build_values_ledger", "write_ledger", "is_paper_scale", "capabilities", "VERDICTS"]
+__all__ = ["build_ledger", "build_sweep_ledger", "build_mechanism_ledger", "build_mechanism2_ledger",
+           "build_values_ledger", "write_ledger", "is_paper_scale", "capabilities", "VERDICTS"]
 
 VERDICTS = paper.VERDICTS
 NC = paper.NC
@@ -116,7 +117,8 @@ class _Ledger:
         done = {r["id"] for r in self.rows}
         for c in paper.CLAIMS:
             if c.id not in done:
-                self.add(c.id, "--", None, reason=f"this config does not produce it (rebuilt by {c.rebuild or 'the studies'})")
+                self.add(c.id, "--", None,
+                         reason=f"this config does not produce it (rebuilt by {c.rebuild or 'the studies'})")
         order = {c.id: i for i, c in enumerate(paper.CLAIMS)}
         self.rows.sort(key=lambda r: order[r["id"]])
 
@@ -251,7 +253,8 @@ def _absorption_entries(L: _Ledger, st: dict, cfg: dict) -> None:
     fl = [(p.get("flatness") or {}).get("e_W_ratio") for p in ps]
     if any(f is not None for f in fl):
         L.add("absorb.flat", _rng(fl, lambda v: f"{v:.2f}"), _window_x(fl, "absorb.flat"), seeds=seeds, source=src,
-              control=f"{ctrl_p}: {_rng([(p.get('flatness') or {}).get('e_W_ratio') for p in cs], lambda v: f'{v:.2f}')}"
+              control=(f"{ctrl_p}: "
+                       f"{_rng([(p.get('flatness') or {}).get('e_W_ratio') for p in cs], lambda v: f'{v:.2f}')}")
               if cs else "", note=f"T = {(ps[0].get('flatness') or {}).get('T')}")
 
 
@@ -373,8 +376,10 @@ def _training_entries(L: _Ledger, results: pd.DataFrame, runs, cfg: dict) -> Non
             L.add(f"cost.{v}", f"{c:.1f}x ({runs[next(iter(runs))].summary['device']})", c, seeds=nseeds, source=src)
     attn, mlp = ATTN_MATRICES, MLP_MATRICES
     sp_src = "spectral logs (max over matrices, last evaluation, seed mean)"
-    for cid, v, module, mats in (("spectral.stiefel", "stiefel", "attn", attn), ("spectral.none_attn", "none", "attn", attn),
-                                 ("spectral.none_mlp", "none", "mlp", mlp), ("spectral.dgram_mlp", "dgram", "mlp", mlp)):
+    for cid, v, module, mats in (("spectral.stiefel", "stiefel", "attn", attn),
+                                 ("spectral.none_attn", "none", "attn", attn),
+                                 ("spectral.none_mlp", "none", "mlp", mlp),
+                                 ("spectral.dgram_mlp", "dgram", "mlp", mlp)):
         got = _mean_end(runs, v, module, mats)
         if got is not None:
             L.add(cid, f"{got:.3g}", got, seeds=nseeds, source=sp_src)
@@ -473,7 +478,8 @@ def _spectral_shapes(L: _Ledger, runs, cfg: dict, nseeds: int) -> None:
             L.add("spectral.dgram_attn_alike", f"{x:.3g}x at step {int(ratio.idxmax())}"
                   + (f" (steps before {first})" if first is not None else ""), x, seeds=nseeds, source=src)
     if unstable:
-        growth = [(_at_or_before(_sigma(r, "attn", attn), r.summary["onset_step"]) / float(_sigma(r, "attn", attn).iloc[0]),
+        growth = [(_at_or_before(_sigma(r, "attn", attn), r.summary["onset_step"])
+                   / float(_sigma(r, "attn", attn).iloc[0]),
                    f"{r.variant} seed {r.seed}") for r in unstable]
         x, who = min(growth)
         L.add("spectral.growth_precedes", f"{x:.3g}x ({who}, the smallest of {len(growth)})", x, seeds=nseeds,

@@ -121,7 +121,8 @@ def mechanism_ledger_values(cfg: dict, res: pd.DataFrame) -> dict:
     if len(plain):
         k = int(plain.failed.astype(bool).sum())
         out["mech.fails"] = (k / len(plain), f"{k} of {len(plain)} runs failed at eta {rate_label(top)} "
-                             f"({', '.join(f'{a} {int(g.failed.astype(bool).sum())}/{len(g)}' for a, g in plain.groupby('arm'))})", "")
+                             "(" + ", ".join(f"{a} {int(g.failed.astype(bool).sum())}/{len(g)}"
+                                             for a, g in plain.groupby("arm")) + ")", "")
     else:
         out["mech.fails"] = (None, "--", f"no All DGram or Hetero-inv run with a reference at eta {rate_label(top)}")
     con = contrasts(cfg, res)

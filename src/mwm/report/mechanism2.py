@@ -101,7 +101,8 @@ def mechanism2_contrasts(cfg: dict, res: pd.DataFrame) -> dict[tuple[str, str], 
         if kind is None:
             continue
         if (base, kind) in out:
-            raise ValueError(f"grid.intervention: two {kind} arms of {base}; a contrast is one arm against its baseline")
+            raise ValueError(f"grid.intervention: two {kind} arms of {base}; "
+                             "a contrast is one arm against its baseline")
         cells = []
         for row in res[res.arm == base].itertuples():
             twin = by.loc[(cand, row.rate, row.seed)]

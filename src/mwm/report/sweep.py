@@ -141,7 +141,8 @@ def sweep_ledger_values(cfg: dict, res: pd.DataFrame) -> dict:
         restored = bool(len(row)) and int(row.unstable.iloc[0]) == 0
         tests.append(restored)
         texts.append(f"{cand} at eta {rate_label(rate)} ({base}'s first unstable rate): "
-                     f"{int(row.unstable.iloc[0]) if len(row) else '?'} of {int(row.seeds.iloc[0]) if len(row) else '?'} "
+                     f"{int(row.unstable.iloc[0]) if len(row) else '?'} of "
+                     f"{int(row.seeds.iloc[0]) if len(row) else '?'} "
                      "seeds unstable")
     if not caps:
         out["sweep.cap_restores"] = (None, "--", "no grid.intervention capping attention in this config")
@@ -155,7 +156,8 @@ def sweep_ledger_values(cfg: dict, res: pd.DataFrame) -> dict:
 
 def attention_caps(cfg: dict) -> dict[str, str]:
     """The interventions that cap attention's singular values: ``{candidate: baseline}``."""
-    return {c: b for c, b in cfg["grid"]["intervention"].items() if "attn_sigma_cap" in intervention_keys(cfg["grid"], c)}
+    return {c: b for c, b in cfg["grid"]["intervention"].items()
+            if "attn_sigma_cap" in intervention_keys(cfg["grid"], c)}
 
 
 def _order_value(res: pd.DataFrame, st: dict, rate: dict) -> tuple:
@@ -208,9 +210,10 @@ def sweep_tables(cfg: dict, res: pd.DataFrame, out: Path) -> None:
                      "stability edge": _edge_text(s),
                      "onset at first unstable": "--" if s.onset is None else f"{s.onset:.0f}"})
     vals = sweep_ledger_values(cfg, res)
+    orderings = (("at the shared rate (the paper's protocol)", "loss.order"),
+                 ("each at its best rate", "sweep.order_tuned"))
     orders = [{"ordering": what, "final val loss, seed means (best first)": vals[cid][1] if vals[cid][0] is not None
-               else f"-- ({vals[cid][2]})"} for what, cid in (("at the shared rate (the paper's protocol)", "loss.order"),
-                                                              ("each at its best rate", "sweep.order_tuned"))]
+               else f"-- ({vals[cid][2]})"} for what, cid in orderings]
     write_table(pd.DataFrame(orders), out, "table_sweep_order", "The paper's ordering (Hetero < All Stiefel < "
                 "Unconstrained) at the shared Muon step size and with each assignment at its own best (the ledger's "
                 "loss.order and sweep.order_tuned rows judge them)")

@@ -304,7 +304,8 @@ def run_absorption(cfg: dict, out: str | Path, config_path: str | None = None,
     write_csv(out / FILES.file("summary"),
               ["manifold", "precision", "n", "T", "seeds"] + [f"{k}_mean" for k in METRICS]
               + [f"{k}_std" for k in METRICS], summary)
-    pair_cols = ["index", "name", "file_manifold", "manifold", "m", "n", "g_scaling", "g_rms", "w_residual", "T", *METRICS]
+    pair_cols = ["index", "name", "file_manifold", "manifold", "m", "n", "g_scaling", "g_rms", "w_residual", "T",
+                 *METRICS]
     write_csv(out / FILES.file("pairs"), pair_cols, pair_rows)  # header only without pairs: a declared output
     derived = derive_absorption(sec, summary, pair_rows if loaded is not None else None, skipped, precisions)
     derived["pairs_file"] = str(pairs_path) if pairs_path else None
@@ -368,7 +369,8 @@ def derive_absorption(sec: dict, summary: list[tuple], pair_rows: list[tuple] | 
     """``manifolds``: the faithful protocol's (``precisions[0]``) random-pair study;
     ``protocols[p]["manifolds"]``: every precision's; ``pairs``: the training pairs."""
     precisions = list(precisions)
-    out = {"faithful": precisions[0], "precisions": precisions, "protocols": {},"alpha": sec["alpha"], "eta": sec["eta"], "reference_iterations": sec["reference_iterations"],
+    out = {"faithful": precisions[0], "precisions": precisions, "protocols": {}, "alpha": sec["alpha"],
+           "eta": sec["eta"], "reference_iterations": sec["reference_iterations"],
            "snapshots": sorted(sec["snapshots"]), "seeds": sec["seeds"], "stiefel_init": sec["stiefel_init"],
            "paper": PAPER, "note": (
                "compression = e_A / e_W (the paper's). It factors into direction_to_weight_factor = e_A / e_pre "

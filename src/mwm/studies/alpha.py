@@ -98,7 +98,8 @@ def power_law_fit(ns: Sequence[float], ys: Sequence[float]) -> dict:
     y = np.log(np.asarray(ys, dtype=np.float64))
     out = {"exponent": None, "prefactor": None, "r2": None, "points": int(len(x))}
     if len(x) < 2 or np.ptp(x) == 0:
-        out["reason"] = f"a power-law fit needs at least two distinct sizes, got {sorted(set(np.exp(x).round().astype(int).tolist()))}"
+        sizes = sorted(set(np.exp(x).round().astype(int).tolist()))
+        out["reason"] = f"a power-law fit needs at least two distinct sizes, got {sizes}"
         return out
     p, logc = np.polyfit(x, y, 1)
     resid = y - (p * x + logc)

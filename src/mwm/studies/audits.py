@@ -263,7 +263,8 @@ def audit_softmax(sec: dict, base_seed: int = 0) -> tuple[list[dict], dict]:
     summary["corollary_counterexample"] = {
         "z": "two tied top logits at D, the rest at 0 (n = 3)",
         "note": "||J||_F -> 1/2 as D grows while sqrt(2(n-1)) exp(-D/2) -> 0: the corollary fails once D > "
-                "about 2 ln(2 sqrt(2(n-1))) (2.77 for n = 3); the proof's step sum_{j != 1} exp(z_j) <= (n-1) exp(z_1 - Delta z) "
+                "about 2 ln(2 sqrt(2(n-1))) (2.77 for n = 3); the proof's step "
+                "sum_{j != 1} exp(z_j) <= (n-1) exp(z_1 - Delta z) "
                 "reverses the inequality z_j >= z_1 - Delta z. With the top margin gamma = z_(1) - z_(2) in "
                 "place of Delta z the argument goes through.",
         "examples": [],
@@ -557,7 +558,8 @@ def audit_gelu(lo: float = -10.0, hi: float = 10.0, step: float = 1e-4) -> dict:
         (g,) = torch.autograd.grad(torch.nn.functional.gelu(x, approximate=form).sum(), x)
         g = g.detach()
         k = int(g.abs().argmax())
-        out["erf" if form == "none" else "tanh"] = {"max_abs_derivative": float(g.abs()[k]), "at_x": float(x.detach()[k])}
+        out["erf" if form == "none" else "tanh"] = {"max_abs_derivative": float(g.abs()[k]),
+                                                    "at_x": float(x.detach()[k])}
     worst = max(v["max_abs_derivative"] for v in out.values())
     return {**out, "grid": {"lo": lo, "hi": hi, "step": step}, "max": worst, "paper_bound": paper.GELU_BOUND,
             "holds": worst <= paper.GELU_BOUND}
@@ -614,7 +616,8 @@ def audit_adamw_share() -> dict:
     total = sum(p.numel() for _, p in named)
     adamw = sum(p.numel() for n, p in named if plan[n] == ADAMW)
     head = model.lm_head.weight.numel()
-    return {"total": total, "adamw": adamw, "share": adamw / total, "untied_head_share": (adamw + head) / (total + head),
+    return {"total": total, "adamw": adamw, "share": adamw / total,
+            "untied_head_share": (adamw + head) / (total + head),
             "paper": "roughly 40%"}
 
 

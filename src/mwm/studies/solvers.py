@@ -72,7 +72,8 @@ from mwm.workflow.stages import STAGES
 #: This study's output files (mwm.workflow.stages): the writers name them by key.
 FILES = STAGES["solvers"]
 
-__all__ = ["candidates", "parse_candidate", "capture_sequences", "read_captures", "load_sequence", "measure_sequence", "run_solvers", "main"]
+__all__ = ["candidates", "parse_candidate", "capture_sequences", "read_captures", "load_sequence", "measure_sequence",
+           "run_solvers", "main"]
 
 COLUMNS = ["candidate", "solver", "warm", "steps", "tol", "rho", "manifold", "step", "matrices", "e_W", "e_A",
            "e_W_max", "iterations", "msign_eq", "wall_s", "e_W_conv", "e_A_conv", "normalize", "align", "align_conv"]
@@ -448,7 +449,8 @@ def main(argv=None) -> int:
         "reference, on (W, momentum) sequences captured in a short training, against their cost.",
         run_solvers,
         extra=lambda p: p.add_argument("--sequence", nargs="+", default=None,
-                                       help="run folders with sequence/ (default: the grid's runs with studies.solvers.source grid, "
+                                       help="run folders with sequence/ (default: the grid's runs with "
+                                            "studies.solvers.source grid, "
                                             "else capture by training)"),
         extra_kwargs=lambda a: {"sequence": a.sequence},
         argv=argv)

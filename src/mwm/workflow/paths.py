@@ -5,9 +5,9 @@ assignment variant) or the command line (``--seed``) is built by :func:`inside`:
 each part must be one plain path component (not empty, not ``.`` or ``..``, no
 separator, not starting with ``.`` or ``-``), and the joined path, made absolute,
 must lie under the parent. Symlinks are not resolved: one you make on purpose
-(``data/openwebtext -> /scratch/owt``) is followed, as any other file you place. A config ``name: ".."`` would otherwise point the
-report's output folder at the repository itself, which Snakemake deletes before
-the job.
+(``data/openwebtext -> /scratch/owt``) is followed, as any other file you place. A config
+``name: ".."`` would otherwise point the report's output folder at the repository itself,
+which Snakemake deletes before the job.
 """
 
 from __future__ import annotations
@@ -95,7 +95,8 @@ def check_out_root(path: str | Path, what: str = "--out") -> Path:
     while not probe.exists():
         probe = probe.parent
     if not probe.is_dir():
-        raise UnsafePathError(f"{what} {path}: {probe} is not a folder" + ("" if probe == full else ", so no folder can be made under it"))
+        raise UnsafePathError(f"{what} {path}: {probe} is not a folder"
+                              + ("" if probe == full else ", so no folder can be made under it"))
     try:
         with tempfile.TemporaryFile(dir=probe):
             pass

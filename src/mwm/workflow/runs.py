@@ -23,8 +23,8 @@ from mwm.numerics import VERSION, version_problem
 from mwm.workflow.paths import inside
 from mwm.workflow.variants import assignment_spec, sweep_overrides, sweep_points, sweep_variant, sweep_variants
 
-__all__ = ["RUN_FILES", "capture_variants", "capture_window", "run_dir", "checkpoint_dir", "grid_variants", "check_grid",
-           "run_config", "run_identity", "config_run_identity", "expected_identity", "identity_diff",
+__all__ = ["RUN_FILES", "capture_variants", "capture_window", "run_dir", "checkpoint_dir", "grid_variants",
+           "check_grid", "run_config", "run_identity", "config_run_identity", "expected_identity", "identity_diff",
            "identity_problem", "identity_checkable", "RESULTS_ROOT", "HAND_FOLDER"]
 
 #: The train settings of the inner solver: all a ``grid.solver_comparison`` candidate may change.

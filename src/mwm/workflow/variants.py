@@ -27,9 +27,9 @@ from mwm.config import ConfigError
 from mwm.config.layout import hidden_matrix_names, match_patterns, model_shape
 from mwm.config.names import ATTN_KEYS, NAMED_ASSIGNMENTS, NORMALIZE_SCOPES
 
-__all__ = ["assignment_spec", "ETA_TAG", "rate_label", "sweep_variant", "sweep_points", "sweep_variants", "sweep_overrides",
-           "check_sweep", "INTERVENTION_KEYS", "MODEL_INTERVENTION_KEYS", "SWEEP_REPORTS", "intervention_keys",
-           "intervention_label"]
+__all__ = ["assignment_spec", "ETA_TAG", "rate_label", "sweep_variant", "sweep_points", "sweep_variants",
+           "sweep_overrides", "check_sweep", "INTERVENTION_KEYS", "MODEL_INTERVENTION_KEYS", "SWEEP_REPORTS",
+           "intervention_keys", "intervention_label"]
 
 #: What joins an assignment and its rate in a sweep variant's name.
 ETA_TAG = "-eta"
