@@ -334,7 +334,7 @@ def test_prepare_removes_work_folders_of_killed_prepares(tmp_path, corpus):
     import os
     import socket
 
-    from mwm.workflow.lock import _proc_start
+    from mwm.workflow.lock import proc_start
 
     host, me = socket.gethostname(), os.getpid()
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
@@ -344,7 +344,7 @@ def test_prepare_removes_work_folders_of_killed_prepares(tmp_path, corpus):
     names = {
         "dead": f".prepare-{host}-{dead_pid}-12345-abc_1",
         "reused": f".prepare-{host}-{me}-1-xyz",  # our pid, another start time: its process is gone
-        "live": f".prepare-{host}-{me}-{_proc_start(me) or 0}-live",
+        "live": f".prepare-{host}-{me}-{proc_start(me) or 0}-live",
         "other_host": ".prepare-elsewhere-1-1-q",
         "legacy": ".prepare-k3j2h1",
     }
@@ -386,8 +386,7 @@ def prepared(tmp_path, monkeypatch):
 
 
 def _train(cfg, out) -> subprocess.CompletedProcess:
-    """Trains in a child process, so torch's thread pool never starts in this one: later tests here
-    fork data workers, and a fork of a process whose OpenMP threads have run can hang."""
+    """Trains in a child process, as the workflow's train job does (its exit code and stderr are checked)."""
     return subprocess.run([sys.executable, "-m", "mwm.train", "--config", str(cfg), "--assignment", "none",
                            "--seed", "0", "--out", str(out)], capture_output=True, text=True, timeout=300)
 

@@ -1,7 +1,6 @@
 """Parallel tokenization of work units, results handed back in order.
 
-Units go to ``num_proc`` worker processes (``fork`` where the platform has it,
-else ``spawn``) with at most ``2 x num_proc`` in flight, so memory stays bounded
+Units go to ``num_proc`` worker processes (``spawn``: see ``workers.context``) with at most ``2 x num_proc`` in flight, so memory stays bounded
 by a few units however large the corpus; results come back in submission order,
 so the bins do not depend on ``num_proc``. With ``num_proc == 1`` everything runs
 in this process.
@@ -54,7 +53,7 @@ def encode_units(units: Iterable, num_proc: int, state: dict | None = None,
         finally:
             workers.set_state(old)
         return
-    get_encoding()  # provision / load once here, so forked workers inherit it
+    get_encoding()  # provision once here, so the workers only read the cache
     ctx = workers.context()
     window = window or 2 * num_proc
     with ctx.Pool(num_proc, initializer=_init_worker, initargs=(state,)) as pool:

@@ -27,8 +27,10 @@ def lookup(key: str):
 
 
 def context():
-    """Fork where the platform has it (workers inherit the loaded tokenizer), else spawn."""
-    return mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    """Spawn: a fork after torch (or any threaded library) is loaded in the parent can deadlock the
+    child on a lock held by a thread that did not survive the fork. Workers rebuild their state from
+    the pool's initializer and read the tokenizer from the cache the parent provisioned."""
+    return mp.get_context("spawn")
 
 
 def map_ordered(fn, jobs: list, num_proc: int) -> Iterator:
