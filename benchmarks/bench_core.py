@@ -218,13 +218,13 @@ def time_retractions(repeats, bank=1):
     the same form by a float64 SVD. Two kinds of weight: ``W - eta A`` on the manifold (what training
     makes at the paper's rates) and a nearly singular one (Gram spread 1e12: the SVD path). The eigh of
     a float32 Gram (numerics version 3's form) is timed to price the float64 one."""
-    from mwm.optim.manifolds import _retract_dgram_paper
+    from mwm.optim.manifolds import retract_dgram_paper
 
     print(f"\n== DGram retraction of GPT-2 small's banks ({bank} per shape) vs the released float32 SVD ==")
     g = torch.Generator().manual_seed(1)
     fns = {"svd": retract_dgram_svd, "paper": get_manifold("dgram", "paper").retract,
            "colnorm": get_manifold("dgram", "colnorm").retract,
-           "paper-f32": lambda X: _retract_dgram_paper(X.mT if X.shape[-2] < X.shape[-1] else X)}
+           "paper-f32": lambda X: retract_dgram_paper(X.mT if X.shape[-2] < X.shape[-1] else X)}
     print(f"{'weights':<9} {'shape':<12} {'svd s':>8} {'paper s':>8} {'colnorm s':>10} {'f32 Gram s':>11} "
           f"{'svd err':>8} {'paper err':>10}")
     for kind in ("trained", "singular"):

@@ -59,10 +59,10 @@ def _usable_cpus() -> int:
 
 
 def _work_prefix() -> str:
-    from mwm.workflow.lock import _proc_start
+    from mwm.workflow.lock import proc_start
 
     pid = os.getpid()
-    return f"{WORK_PREFIX}{socket.gethostname()}-{pid}-{_proc_start(pid) or 0}-"
+    return f"{WORK_PREFIX}{socket.gethostname()}-{pid}-{proc_start(pid) or 0}-"
 
 
 def _du(path: Path) -> int:
@@ -80,7 +80,7 @@ def remove_stale_work(out: Path, log: Callable[[str], None]) -> list[Path]:
     """Remove the temporary folders in ``out`` of ``prepare`` processes of this host that
     are gone (killed: nothing removed them); returns them. Folders of live processes,
     of other hosts and of an unknown name layout are kept (the last two named)."""
-    from mwm.workflow.lock import _alive, _proc_start
+    from mwm.workflow.lock import pid_alive, proc_start
 
     host, removed = socket.gethostname(), []
     for d in sorted(out.glob(f"{WORK_PREFIX}*")):
@@ -95,7 +95,7 @@ def remove_stale_work(out: Path, log: Callable[[str], None]) -> list[Path]:
         if who != host:
             log(f"note: {d} is a work folder of a prepare on host {who}; kept (remove it by hand if that one is gone)")
             continue
-        if _alive(pid) and str(_proc_start(pid) or 0) == start:
+        if pid_alive(pid) and str(proc_start(pid) or 0) == start:
             continue  # a prepare running now
         size = _du(d)
         shutil.rmtree(d, ignore_errors=True)

@@ -52,6 +52,7 @@ __all__ = [
     "to_tall",
     "rms",
     "retract_dgram_svd",
+    "retract_dgram_paper",
     "cap_column_norms",
 ]
 
@@ -136,7 +137,9 @@ def _by_svd_where_unresolved(out: torch.Tensor, X: torch.Tensor, ok: torch.Tenso
 
 
 # Both DGram forms take and return a tall float64 batch (``_retract_dgram`` casts).
-def _retract_dgram_paper(W: torch.Tensor) -> torch.Tensor:
+def retract_dgram_paper(W: torch.Tensor) -> torch.Tensor:
+    """The DGram retraction of a tall ``W`` in its own dtype, through one eigh of its Gram (the
+    SVD where that cannot resolve it); the manifold's ``retract`` runs it in float64."""
     evals, inv_root, ok = _inv_sqrt_psd(_gram(W))
     sigma_desc = evals.clamp_min(0).sqrt().flip(-1)
     return _by_svd_where_unresolved((W @ inv_root) * sigma_desc.unsqueeze(-2), W, ok)
@@ -207,7 +210,7 @@ def _retract_stiefel(T: torch.Tensor, precision: str, kind: str) -> torch.Tensor
 
 def _retract_dgram(T: torch.Tensor, precision: str, kind: str) -> torch.Tensor:
     X = T.to(torch.float64)  # why float64: the module docstring
-    return (_retract_dgram_paper(X) if kind == "paper" else _retract_dgram_colnorm(X)).to(T.dtype)
+    return (retract_dgram_paper(X) if kind == "paper" else _retract_dgram_colnorm(X)).to(T.dtype)
 
 
 def _retract_oblique(T: torch.Tensor, precision: str, kind: str) -> torch.Tensor:

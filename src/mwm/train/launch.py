@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from mwm.workflow.lock import _alive
+from mwm.workflow.lock import pid_alive
 
 __all__ = ["ranks_per_run", "launch", "worker_started", "worker_exit", "main"]
 
@@ -135,7 +135,7 @@ def launch(nproc: int, train_args: list[str], threads: int | None = None, wait_s
             rc = proc.wait()
             # ranks outlive torchrun when it was signalled itself: wait for their statuses
             t0 = time.monotonic()
-            while (any(_alive(p) for p in _read(folder, "pid").values())
+            while (any(pid_alive(p) for p in _read(folder, "pid").values())
                    and time.monotonic() - t0 < wait_s):
                 time.sleep(0.2)
         finally:

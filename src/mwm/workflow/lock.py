@@ -32,7 +32,7 @@ from pathlib import Path
 
 from mwm.io import current_umask
 
-__all__ = ["RunLock", "RunLocked", "LOCK_NAME"]
+__all__ = ["RunLock", "RunLocked", "LOCK_NAME", "proc_start", "pid_alive", "slurm_job_state"]
 
 LOCK_NAME = ".lock"
 HEARTBEAT_S = 60.0
@@ -48,7 +48,7 @@ class RunLocked(RuntimeError):
     """The run folder is held by another live process; the message names it."""
 
 
-def _proc_start(pid: int) -> str | None:
+def proc_start(pid: int) -> str | None:
     """The start time of ``pid`` in clock ticks since boot (Linux), to tell a reused pid."""
     try:
         with open(f"/proc/{pid}/stat") as fh:
@@ -70,7 +70,8 @@ def slurm_job_state(job_id: str) -> str | None:
     return out.stdout.strip().split("\n")[0].strip()
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists on this host (one of another user counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -92,7 +93,7 @@ class RunLock:
     # -- holder ----------------------------------------------------------------------
     def _content(self) -> dict:
         return {"pid": os.getpid(), "host": self.host, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "proc_start": _proc_start(os.getpid()), "token": self.token,
+                "proc_start": proc_start(os.getpid()), "token": self.token,
                 "slurm_job": os.environ.get("SLURM_JOB_ID")}
 
     @staticmethod
@@ -130,10 +131,10 @@ class RunLock:
         if not isinstance(holder.get("pid"), int):
             return False
         pid = holder["pid"]
-        if not _alive(pid):
+        if not pid_alive(pid):
             return True
         start = holder.get("proc_start")
-        return start is not None and _proc_start(pid) not in (None, start)
+        return start is not None and proc_start(pid) not in (None, start)
 
     def describe(self, holder: dict) -> str:
         who = f"process {holder.get('pid', '?')} on host {holder.get('host', '?')}"
@@ -191,7 +192,8 @@ class RunLock:
             if not self._stale(holder):
                 age = self._age() or 0.0
                 advice = ("wait for it to finish or stop it" if holder.get("host") == self.host else
-                          f"its last heartbeat was {age:.0f} s ago; it is taken over after {self._stale_after(holder):.0f} s "
+                          f"its last heartbeat was {age:.0f} s ago; it is taken over after "
+                          f"{self._stale_after(holder):.0f} s "
                           f"without one, or delete {self.path} once that process is known to be gone")
                 raise RunLocked(f"{self.folder} is in use by {self.describe(holder)} (lock {self.path}); "
                                 f"{advice}")
