@@ -11,7 +11,7 @@ if not workflow.overwrite_configfiles:
     configfile: "config/config.yaml"
 
 
-report: "report/workflow.rst"
+report: "captions/workflow.rst"
 
 
 include: "rules/common.smk"

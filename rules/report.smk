@@ -1,6 +1,6 @@
 # Report: every table and figure and the ledger, from results/ only. Its figures, tables and
 # ledger are flagged for Snakemake's HTML report (snakemake --report paper_figures/<name>/report.html),
-# captioned by report/item.rst. A config whose workflow.report is "solvers" (config/widths.yaml)
+# captioned by captions/item.rst. A config whose workflow.report is "solvers" (config/widths.yaml)
 # reports the solver study alone, so its `all` trains nothing beyond the study's captures; one whose
 # workflow.report is "sweep" (config/sweep.yaml) reports its learning-rate sweep from its runs alone; one
 # whose workflow.report is "mechanism" (config/mechanism.yaml) its causal experiment from its runs and
@@ -17,7 +17,7 @@ rule report:
         report(
             directory(FOLDERS["figures"]),
             patterns=REPORT_PATTERNS,
-            caption="../report/item.rst",
+            caption="../captions/item.rst",
             category=report_category,
         ),
     params:

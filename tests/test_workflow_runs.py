@@ -374,10 +374,10 @@ def test_tiny_sweep_config_runs_end_to_end(tmp_path):
     for f in ("fig_sweep_lr.png", "fig_sweep_edge.png", "table_sweep.md", "table_sweep_grid.csv", "sweep_runs.csv",
               "ledger.md"):
         assert (out / f).is_file(), f
-    captions = (ROOT / "report" / "item.rst").read_text()  # every item the HTML report shows has a caption
+    captions = (ROOT / "captions" / "item.rst").read_text()  # every item the HTML report shows has a caption
     for f in out.iterdir():
         if f.suffix in (".png", ".gif", ".csv"):
-            assert f'item == "{f.stem}"' in captions, f"{f.name} has no caption in report/item.rst"
+            assert f'item == "{f.stem}"' in captions, f"{f.name} has no caption in captions/item.rst"
     runs = pd.read_csv(out / "sweep_runs.csv")
     assert sorted(runs.variant) == sorted(sweep_variants(cfg["grid"]))
     top = max(cfg["grid"]["sweep"]["muon_lr"])
@@ -409,10 +409,10 @@ def test_tiny_mechanism_config_runs_end_to_end(tmp_path):
               "table_mechanism_contrasts.csv", "mechanism_runs.csv", "fig_solvers_pareto.png",
               "table_solvers_alignment.csv", "ledger.md"):
         assert (out / f).is_file(), f
-    captions = (ROOT / "report" / "item.rst").read_text()  # every item the HTML report shows has a caption
+    captions = (ROOT / "captions" / "item.rst").read_text()  # every item the HTML report shows has a caption
     for f in out.iterdir():
         if f.suffix in (".png", ".gif", ".csv"):
-            assert f'item == "{f.stem}"' in captions, f"{f.name} has no caption in report/item.rst"
+            assert f'item == "{f.stem}"' in captions, f"{f.name} has no caption in captions/item.rst"
     runs = pd.read_csv(out / "mechanism_runs.csv")
     top = max(cfg["grid"]["sweep"]["muon_lr"])
     assert set(runs[runs.rate == top].failed) == {True} and set(runs[runs.rate == top].status) == {"unstable"}
@@ -448,10 +448,10 @@ def test_tiny_mechanism2_config_runs_end_to_end(tmp_path):
               "table_mechanism2.md", "table_mechanism2_contrasts.csv", "table_mechanism2_margins.csv",
               "mechanism2_runs.csv", "ledger.md"):
         assert (out / f).is_file(), f
-    captions = (ROOT / "report" / "item.rst").read_text()
+    captions = (ROOT / "captions" / "item.rst").read_text()
     for f in out.iterdir():
         if f.suffix in (".png", ".gif", ".csv"):
-            assert f'item == "{f.stem}"' in captions, f"{f.name} has no caption in report/item.rst"
+            assert f'item == "{f.stem}"' in captions, f"{f.name} has no caption in captions/item.rst"
     runs = pd.read_csv(out / "mechanism2_runs.csv")
     top = max(cfg["grid"]["sweep"]["muon_lr"])
     assert set(runs[runs.rate == top].failed) == {True} and set(runs[runs.rate < top].status) == {"completed"}
