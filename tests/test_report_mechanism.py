@@ -92,7 +92,7 @@ def test_contrasts_pool_the_cells_of_both_baselines_and_pair_seeds():
 
 
 def test_other_configs_say_they_do_not_rebuild_the_mechanism_rows():
-    from mwm.report.ledger import capabilities
+    from mwm.report.scale import capabilities
 
     default = load_config(ROOT / "config" / "config.yaml")
     assert "mechanism" not in capabilities(default) and "mechanism" in capabilities(CFG)

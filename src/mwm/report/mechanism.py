@@ -27,6 +27,7 @@ import pandas as pd
 from mwm import paper
 from mwm.workflow.runs import run_config
 from mwm.workflow.variants import intervention_keys, intervention_label, rate_label, sweep_points, sweep_variant
+from mwm.report.scale import capabilities
 from mwm.report.tables import write_table
 
 __all__ = ["KINDS", "intervention_kind", "mechanism_results", "contrasts", "mechanism_ledger_values",
@@ -113,8 +114,6 @@ def mechanism_ledger_values(cfg: dict, res: pd.DataFrame) -> dict:
     """The rebuilt value of each ``mech.*`` claim: ``{id: (x, rebuilt, reason)}``. Nothing here chooses a
     verdict; :func:`mwm.paper.judge` does, the same way for every row (``mech.cause`` reads the three
     contrasts' verdicts under their own rules)."""
-    from mwm.report.ledger import capabilities
-
     out = {}
     top = float(res.rate.max())
     plain = res[res.arm.isin(paper.DGRAM_ATTENTION) & (res.rate == top) & res.failed.notna()]
