@@ -110,3 +110,11 @@ def test_mlp_cap_and_normalized_solve_get_groups_of_their_own():
         build_optimizers(tiny_gpt(), "dgram", OptimizerSettings.defaults(solver_normalize="heads", solver=solver))
     with pytest.raises(ValueError, match="mlp_sigma_cap"):
         build_optimizers(tiny_gpt(), "dgram", OptimizerSettings.defaults(mlp_sigma_cap=-1.0, solver=solver))
+
+
+def test_layer_of_reads_the_block_index_of_nanogpts_names():
+    from mwm.optim.assignments import layer_of
+
+    assert layer_of("transformer.h.0.attn.c_attn.weight") == 0
+    assert layer_of("_orig_mod.transformer.h.11.mlp.c_proj.weight") == 11
+    assert layer_of("transformer.wte.weight") == -1 and layer_of("lm_head.h.weight") == -1

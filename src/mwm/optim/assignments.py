@@ -30,6 +30,7 @@ from mwm.optim.solvers import SolverSettings
 
 __all__ = [
     "module_kind",
+    "layer_of",
     "nonfinite",
     "resolve_assignment",
     "Optimizers",
@@ -47,6 +48,15 @@ def module_kind(name: str, p: torch.Tensor) -> str | None:
     if any(k in name for k in MLP_KEYS):
         return "mlp"
     return None
+
+
+def layer_of(name: str) -> int:
+    """The block index of a parameter named ``...h.<i>....`` (nanoGPT's naming), -1 outside the blocks."""
+    parts = name.split(".")
+    for a, b in zip(parts, parts[1:]):
+        if a == "h" and b.isdigit():
+            return int(b)
+    return -1
 
 
 def resolve_assignment(

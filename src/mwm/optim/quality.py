@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from mwm.train.diagnostics import layer_of
+from mwm.optim.assignments import layer_of
 from mwm.optim.dual_ascent import as_manifold
 from mwm.optim.manifolds import rms, to_tall
 from mwm.optim.solvers import SolverSettings, scaled_solve, solve_scale

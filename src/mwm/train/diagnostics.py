@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import torch
 
-from mwm.optim.assignments import module_kind
+from mwm.optim.assignments import layer_of, module_kind
 
-__all__ = ["SPECTRAL_COLUMNS", "ATTENTION_COLUMNS", "spectral_stats", "attention_stats", "softmax_jacobian_fro",
-           "layer_of"]
+__all__ = ["SPECTRAL_COLUMNS", "ATTENTION_COLUMNS", "spectral_stats", "attention_stats", "softmax_jacobian_fro"]
 
 SPECTRAL_COLUMNS = [
     "step", "name", "layer", "module", "matrix", "manifold", "sigma_max", "sigma_min",
@@ -31,14 +30,6 @@ ATTENTION_COLUMNS = [
     "step", "layer", "head", "logit_range_max", "logit_range_mean", "entropy_mean",
     "jac_fro_mean", "jac_fro_min", "frac_saturated", "qk_spectral_norm",
 ]
-
-
-def layer_of(name: str) -> int:
-    parts = name.split(".")
-    for a, b in zip(parts, parts[1:]):
-        if a == "h" and b.isdigit():
-            return int(b)
-    return -1
 
 
 def _one(W: torch.Tensor) -> tuple[dict, torch.Tensor, torch.Tensor]:
