@@ -94,7 +94,7 @@ if ! $PY - >"$OUT/versions.txt" 2>&1 <<'EOF'
 import platform
 from importlib.metadata import version
 import torch, numpy, yaml, jsonschema
-import mwm, mwm.train, mwm.config, mwm.train.syncs
+import mwm, mwm.train, mwm.config, mwm.measure.syncs
 print(f"python {platform.python_version()}, torch {torch.__version__} (CUDA {torch.version.cuda}), "
       f"numpy {numpy.__version__}, jsonschema {version('jsonschema')}, mwm {mwm.__version__} from {mwm.__file__}")
 if torch.cuda.is_available():

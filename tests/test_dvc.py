@@ -278,7 +278,25 @@ def test_code_deps_cover_every_module_the_entry_point_imports():
             if len(parts) < 2:
                 continue
             top = f"src/mwm/{parts[1]}"
-            assert top in code or f"{top}.py" in code, f"{entry}: imports {mod} without tracking it"
+            tracked = (top, f"{top}.py", f"src/{mod}.py", f"src/{mod}/__init__.py")
+            assert any(t in code for t in tracked), f"{entry}: imports {mod} without tracking it"
+
+
+def test_a_room_reached_only_through_its_vocabulary_is_tracked_by_file():
+    """Preparing data reads the config, whose names come from the optimizer's torch-free vocabulary:
+    a change to the optimizer's math must not rerun tokenization, a change to the vocabulary must."""
+    from mwm.workflow import dvc as dvcgen
+
+    cwd = os.getcwd()
+    os.chdir(REPO)
+    try:
+        data, train = dvcgen.code_deps("mwm.data"), dvcgen.code_deps("mwm.train")
+    finally:
+        os.chdir(cwd)
+    assert "src/mwm/optim/vocab.py" in data and "src/mwm/optim/__init__.py" in data
+    assert not any(d == "src/mwm/optim" or d.startswith("src/mwm/optim/") and "vocab" not in d
+                   and "__init__" not in d for d in data)
+    assert "src/mwm/optim" in train and "src/mwm/config" in train
 
 
 @pytest.mark.slow

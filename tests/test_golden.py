@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from mwm.optim import golden
+from mwm.measure import golden
 from mwm.numerics import VERSION
 
 
@@ -14,7 +14,7 @@ def outputs():
 
 def test_this_code_reproduces_the_golden_file_of_its_numerics_version(outputs):
     path = golden.golden_path()
-    assert path.is_file(), f"no golden file for numerics version {VERSION}: python -m mwm.optim.golden --write"
+    assert path.is_file(), f"no golden file for numerics version {VERSION}: python -m mwm.measure.golden --write"
     assert golden.compare(outputs, golden.load(path)) == []
 
 

@@ -3,7 +3,8 @@
 import pytest
 
 from mwm.optim.assignments import module_kind
-from mwm.config.layout import SIZES, check_dims, hidden_matrix_names, hidden_matrix_shapes, match_patterns, model_shape
+from mwm.config.layout import SIZES, check_dims, hidden_matrix_names, hidden_matrix_shapes, model_shape
+from mwm.optim.vocab import match_patterns
 from mwm.config.names import ATTN_KEYS, ATTN_MATRICES, MLP_KEYS, MLP_MATRICES
 from mwm.train.model import GPT, GPTConfig
 

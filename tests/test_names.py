@@ -70,9 +70,15 @@ def test_snakefile_parse_imports_no_torch():
 
 
 def test_names_is_standard_library_only():
-    src = Path(names.__file__).read_text()
-    imports = {line.split()[1] for line in src.splitlines() if line.startswith(("import ", "from "))}
-    assert imports <= {"__future__", "typing"}
+    """names reads the optimizer's vocabulary from mwm.optim.vocab, itself standard library only, and
+    importing that runs mwm.optim's __init__, which must import nothing either."""
+    def imports(path):
+        lines = Path(path).read_text().splitlines()
+        return {line.split()[1] for line in lines if line.startswith(("import ", "from "))}
+
+    assert imports(names.__file__) <= {"__future__", "typing", "mwm.optim.vocab"}
+    assert imports(ROOT / "src" / "mwm" / "optim" / "vocab.py") <= {"__future__", "typing", "fnmatch"}
+    assert imports(ROOT / "src" / "mwm" / "optim" / "__init__.py") == set()
 
 
 def test_assignment_table():

@@ -1,4 +1,4 @@
-"""mwm.train.syncs: the counter counts what it says, and a training step's host reads do not
+"""mwm.measure.syncs: the counter counts what it says, and a training step's host reads do not
 grow with the number of matrices or micro-batches (on a GPU each one is a sync)."""
 
 import types
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mwm.config import load_config
-from mwm.train.syncs import SyncCounter
+from mwm.measure.syncs import SyncCounter
 from mwm.train.loop import Run
 
 

@@ -2,7 +2,7 @@
 
 A change of code that moves any training or study number (a *numerics change*) bumps
 :data:`VERSION`; a refactor that moves none does not. ``tests/test_golden.py`` holds the line
-between the two: it fails when a golden output (:mod:`mwm.optim.golden`) moves beyond float rounding
+between the two: it fails when a golden output (:mod:`mwm.measure.golden`) moves beyond float rounding
 while :data:`VERSION` stays.
 
 The version is part of every run's identity (:func:`mwm.workflow.runs.run_identity`), so a run made by

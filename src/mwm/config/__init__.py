@@ -240,16 +240,29 @@ def _vocab(node: Any, where: str) -> Any:
         return node
     out = {k: _vocab(v, where) for k, v in node.items() if k not in ("$vocab", "$default")}
     if "$default" in node:
-        value = getattr(names, str(node["$default"]), None)
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise ConfigError(f"schema {where}: $default {node['$default']!r} is not a constant of mwm.config.names")
-        out["default"] = value
+        out["default"] = _named_default(str(node["$default"]), where)
     if "$vocab" in node:
         names_table = getattr(names, str(node["$vocab"]), None)
         if not isinstance(names_table, (tuple, dict)) or not all(isinstance(k, str) for k in names_table):
             raise ConfigError(f"schema {where}: $vocab {node['$vocab']!r} is not a vocabulary of mwm.config.names")
         out["enum"] = list(names_table)
     return out
+
+
+def _named_default(ref: str, where: str) -> Any:
+    """The value ``$default: NAME`` (a constant of :mod:`mwm.config.names`) or ``NAME.key`` (an entry of one
+    of its tables, such as ``PAPER_TRAIN.muon_lr``) stands for."""
+    table, _, key = ref.partition(".")
+    missing = object()
+    value = getattr(names, table, missing)
+    if key:
+        value = value.get(key, missing) if isinstance(value, dict) else missing
+    if value is not None and not isinstance(value, (bool, int, float, str)):
+        value = missing
+    if value is missing:
+        raise ConfigError(f"schema {where}: $default {ref!r} is not a constant of mwm.config.names (a number, "
+                          "string, boolean or null)")
+    return value
 
 
 def _compose_schema() -> dict:

@@ -57,7 +57,8 @@ def check_run(cfg: dict, assignment: str, source: str | None = None) -> None:
     """What one run of ``assignment`` needs of ``cfg`` (a hand run's, overrides applied): a model
     shape that can be built and, for a grid.custom assignment, patterns that match its hidden matrices.
     The grid-wide checks (the solver study's capture window, the sweep) are :func:`check_config`'s."""
-    from mwm.config.layout import check_dims, hidden_matrix_names, match_patterns, model_shape
+    from mwm.config.layout import check_dims, hidden_matrix_names, model_shape
+    from mwm.optim.vocab import match_patterns
     from mwm.workflow.variants import assignment_spec
 
     where = _source(cfg, source)

@@ -4,18 +4,17 @@ matrices' names and how ``grid.custom`` patterns map onto them.
 Torch-free (standard library only), so the Snakefile can check a config's model and
 patterns when it loads (:mod:`mwm.config.checks`; ``tests/test_names.py`` checks no torch is
 imported). :mod:`mwm.train.model` builds the model from the same sizes and rules, and
-:mod:`mwm.optim.assignments` maps patterns with :func:`match_patterns`; ``tests/test_layout.py``
+:mod:`mwm.optim.assignments` maps patterns with :func:`mwm.optim.vocab.match_patterns`; ``tests/test_layout.py``
 checks :func:`hidden_matrix_names` against the built model's parameters.
 """
 
 from __future__ import annotations
 
-import fnmatch
 from typing import Mapping
 
-from mwm.config.names import ATTN_KEYS, MLP_KEYS
+from mwm.optim.vocab import ATTN_KEYS, MLP_KEYS
 
-__all__ = ["SIZES", "model_shape", "check_dims", "hidden_matrix_names", "hidden_matrix_shapes", "match_patterns"]
+__all__ = ["SIZES", "model_shape", "check_dims", "hidden_matrix_names", "hidden_matrix_shapes"]
 
 #: Named sizes; ``gpt2`` is GPT-2 small.
 SIZES = {
@@ -49,25 +48,3 @@ def hidden_matrix_shapes(n_embd: int) -> dict[str, tuple[int, int]]:
     at width ``n_embd``: the shapes :mod:`mwm.train.model` builds (its weights are ``fan_out x fan_in``)."""
     n = n_embd
     return dict(zip((*ATTN_KEYS, *MLP_KEYS), ((n, 3 * n), (n, n), (n, 4 * n), (4 * n, n))))
-
-
-def match_patterns(hidden: list[str], patterns: Mapping[str, str]) -> dict[str, str]:
-    """``{hidden matrix: manifold}`` of an ordered ``{glob: manifold}`` mapping (first match wins,
-    unmatched matrices get ``none``); ValueError naming every pattern that matches no matrix
-    (a pattern only ever shadowed by earlier ones included)."""
-    out, used = {}, {pat: 0 for pat in patterns}
-    for name in hidden:
-        out[name] = "none"
-        for pat, manifold in patterns.items():
-            if fnmatch.fnmatchcase(name, pat):
-                out[name] = manifold
-                used[pat] += 1
-                break
-    unused = [pat for pat, k in used.items() if k == 0]
-    if unused:
-        sample = ", ".join(hidden[:4]) + (", ..." if len(hidden) > 4 else "")
-        raise ValueError(
-            f"assignment pattern(s) {unused} match no hidden matrix (names look like: {sample}); "
-            "patterns are shell globs over full parameter names"
-        )
-    return out

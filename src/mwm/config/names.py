@@ -28,6 +28,10 @@ from __future__ import annotations
 
 from typing import Mapping
 
+# The optimizer's own vocabulary lives with it (torch-free); the package reads it from here.
+from mwm.optim.vocab import (ADAMW, ATTN_KEYS, MLP_KEYS, MSIGN_KEYS, MSIGN_STEPS, NAMED_ASSIGNMENTS, NORMALIZE_SCOPES,
+                             PAPER_TRAIN, PRECISIONS, RETRACTIONS, SOLVER_KEYS, SOLVERS)
+
 __all__ = [
     "ATTN_KEYS",
     "MLP_KEYS",
@@ -42,6 +46,9 @@ __all__ = [
     "NORMALIZE_SCOPES",
     "PRECISIONS",
     "MSIGN_STEPS",
+    "SOLVER_KEYS",
+    "MSIGN_KEYS",
+    "PAPER_TRAIN",
     "COLNORM_SUFFIX",
     "STUDY_MANIFOLDS",
     "assignment_pair",
@@ -51,55 +58,18 @@ __all__ = [
     "is_colnorm",
 ]
 
-#: Name fragments of the hidden matrices (the 2-D weights that go to Muon).
-ATTN_KEYS = ("attn.c_attn", "attn.c_proj")
-MLP_KEYS = ("mlp.c_fc", "mlp.c_proj")
 #: Their short names (the ``matrix`` column of ``spectral.csv``): attention's and the MLP's.
 ATTN_MATRICES = tuple(k.rsplit(".", 1)[1] for k in ATTN_KEYS)
 MLP_MATRICES = tuple(k.rsplit(".", 1)[1] for k in MLP_KEYS)
 
-#: The assignment (and parameter target) that puts everything on AdamW.
-ADAMW = "adamw"
-
-#: name -> (attention manifold, MLP manifold); ``None`` means AdamW only.
-NAMED_ASSIGNMENTS: dict[str, tuple[str, str] | None] = {
-    "none": ("none", "none"),
-    "stiefel": ("stiefel", "stiefel"),
-    "dgram": ("dgram", "dgram"),
-    "hetero": ("stiefel", "dgram"),
-    "hetero-inv": ("dgram", "stiefel"),
-    "oblique": ("oblique", "oblique"),
-    ADAMW: None,
-}
 #: The five assignments the paper trains (Table 3).
 PAPER_ASSIGNMENTS = ("none", "stiefel", "dgram", "hetero", "hetero-inv")
 #: Named assignments that constrain no matrix to a manifold.
 UNCONSTRAINED = ("none", ADAMW)
 
-#: DGram retractions: the paper's, and the column-norm one of the ablation.
-RETRACTIONS = ("paper", "colnorm")
-#: Manifold Muon's inner solvers (:mod:`mwm.optim.solvers`): the paper's dual ascent, and ADMM.
-SOLVERS = ("dual_ascent", "admm")
-#: The train keys of the inner solve, per :class:`mwm.optim.solvers.SolverSettings` field (``steps``:
-#: ``solver_max_steps`` when set, else the paper's ``dual_ascent_steps``): what a
-#: ``grid.solver_comparison`` candidate may change.
-SOLVER_KEYS: dict[str, tuple[str, ...]] = {
-    "solver": ("solver",), "alpha": ("dual_ascent_alpha",), "steps": ("solver_max_steps", "dual_ascent_steps"),
-    "tol": ("solver_tol",), "rho": ("admm_rho",), "warm_start": ("warm_start",), "normalize": ("solver_normalize",)}
-#: The train keys of every msign of a step, per ``SolverSettings`` field.
-MSIGN_KEYS: dict[str, tuple[str, ...]] = {"msign_steps": ("msign_steps",), "precision": ("msign_precision",)}
-#: Which modules' inner solves ``train.solver_normalize`` scale-normalizes (:func:`mwm.optim.solvers.scaled_solve`):
-#: module kind(s) per scope.
-NORMALIZE_SCOPES: dict[str, tuple[str, ...]] = {"all": ("attn", "mlp"), "attn": ("attn",), "mlp": ("mlp",)}
 #: Live loggers a config may choose (``workflow.loggers``, :mod:`mwm.train.live`; each writes the run's folder
 #: of its own name), with the package each needs installed (checked before any job starts).
 LOGGERS = {"tensorboard": "tensorboard", "dvclive": "dvclive"}
-#: msign precisions (:mod:`mwm.optim.msign`): ``float32``, and ``bfloat16`` as the released code runs it.
-PRECISIONS = ("float32", "bfloat16")
-#: Polar Express steps of every msign in the Manifold Muon reference code (8 published triples, the
-#: last repeated): :data:`mwm.optim.msign.DEFAULT_STEPS`, and the schema's ``train.msign_steps`` default
-#: (``$default: MSIGN_STEPS``).
-MSIGN_STEPS = 10
 #: What a variant trained with the column-norm retraction appends to its assignment name.
 COLNORM_SUFFIX = "-colnorm"
 

@@ -1,2 +1,2 @@
 """The optimizer's math: the matrix sign, the manifolds, the inner solvers, the Manifold Muon step,
-which manifold each parameter gets, and the golden outputs that pin the numbers."""
+which manifold each parameter gets, and its torch-free vocabulary (:mod:`mwm.optim.vocab`)."""

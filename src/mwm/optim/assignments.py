@@ -5,7 +5,7 @@ The hidden matrices are the 2-D weights of ``attn.c_attn``, ``attn.c_proj``
 else (embeddings, the tied LM head, LayerNorm gains, biases) goes to AdamW, as
 in the paper's code.
 
-Named assignments: :data:`mwm.config.names.NAMED_ASSIGNMENTS` (Table 3 of the paper, plus
+Named assignments: :data:`mwm.optim.vocab.NAMED_ASSIGNMENTS` (Table 3 of the paper, plus
 ``oblique`` and ``adamw``).
 
 A user mapping is an ordered ``{glob pattern: manifold}`` dict matched against
@@ -22,11 +22,9 @@ from typing import Mapping
 
 import torch
 
-from mwm.config import defaults
-from mwm.config.layout import match_patterns
-from mwm.config.names import ADAMW, ATTN_KEYS, MLP_KEYS, NAMED_ASSIGNMENTS, NORMALIZE_SCOPES
 from mwm.optim.muon import MUON_MANIFOLDS, ManifoldMuon
 from mwm.optim.solvers import SolverSettings
+from mwm.optim.vocab import ADAMW, ATTN_KEYS, MLP_KEYS, NAMED_ASSIGNMENTS, NORMALIZE_SCOPES, PAPER_TRAIN, match_patterns
 
 __all__ = [
     "module_kind",
@@ -219,8 +217,8 @@ class OptimizerSettings:
 
     @classmethod
     def defaults(cls, **changes) -> "OptimizerSettings":
-        """The schema's defaults, with ``changes``."""
-        return dataclasses.replace(cls.from_train(defaults("train")), **changes)
+        """The paper's settings (:data:`~mwm.optim.vocab.PAPER_TRAIN`, the schema's defaults), with ``changes``."""
+        return dataclasses.replace(cls.from_train(PAPER_TRAIN), **changes)
 
 
 def build_optimizers(
@@ -235,7 +233,7 @@ def build_optimizers(
     AdamW: 2-D non-hidden weights with ``weight_decay``, the rest without.
     Muon: one group per manifold; plain Muon gets ``weight_decay``, the
     constrained groups get none (it would push them off the manifold).
-    ``settings``: :class:`OptimizerSettings` (None: the schema's defaults).
+    ``settings``: :class:`OptimizerSettings` (None: the paper's, :meth:`OptimizerSettings.defaults`).
     """
     s = OptimizerSettings.defaults() if settings is None else settings
     weight_decay, solver_normalize = s.weight_decay, s.solver_normalize

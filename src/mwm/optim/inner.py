@@ -10,6 +10,7 @@ from typing import Iterable
 import torch
 
 from mwm.optim.manifolds import to_tall
+from mwm.optim.vocab import PAPER_TRAIN
 
 __all__ = ["InnerResult", "or_default", "check_inputs", "check_iterations", "tall_pair", "start_multiplier",
            "Tolerance", "result"]
@@ -37,13 +38,9 @@ class InnerResult:
 
 
 def or_default(value, key: str):
-    """``value``, or the schema's default of ``train.<key>`` (the paper's setting; the schema is the
-    one home of the defaults, so a solver called without it uses the same as a config without it)."""
-    if value is not None:
-        return value
-    from mwm.config import defaults
-
-    return defaults("train")[key]
+    """``value``, or the paper's setting of ``train.<key>`` (:data:`~mwm.optim.vocab.PAPER_TRAIN`, also the
+    schema's default, so a solver called without it uses the same as a config without it)."""
+    return PAPER_TRAIN[key] if value is None else value
 
 
 def check_inputs(W: torch.Tensor, G: torch.Tensor) -> None:

@@ -42,7 +42,7 @@ from typing import Callable
 import torch
 
 from mwm.optim.msign import msign, polar_exact
-from mwm.config.names import RETRACTIONS
+from mwm.optim.vocab import RETRACTIONS
 
 __all__ = [
     "MANIFOLDS",

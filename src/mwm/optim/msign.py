@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import torch
 
-from mwm.config import names
+from mwm.optim.vocab import MSIGN_STEPS, PRECISIONS
 
 __all__ = [
     "POLAR_EXPRESS_COEFFS",
@@ -68,7 +68,7 @@ POLAR_EXPRESS_COEFFS: tuple[tuple[float, float, float], ...] = (
 )
 SAFETY = 1.01
 #: Steps used by the Manifold Muon reference code (the last triple repeats); the schema's default too.
-DEFAULT_STEPS = names.MSIGN_STEPS
+DEFAULT_STEPS = MSIGN_STEPS
 #: The Gram order rebuilds its iterate from the matrix after this many steps (here, in
 #: :func:`msign`, and in the dual ascent's Gram order, :mod:`mwm.optim.dual_ascent`).
 #:
@@ -84,12 +84,11 @@ GRAM_RESTART = 3
 #: Matrices narrower than this stay in the direct order (see :func:`choose_order`).
 GRAM_MIN_N = 128
 _EPS = 1e-7
-#: msign precisions: ``bfloat16`` is the released code's, ``float32`` the control (:data:`mwm.config.names.PRECISIONS`).
-PRECISIONS = names.PRECISIONS
 
 
 def check_precision(precision: str) -> str:
-    """``precision`` itself, or a ValueError naming the allowed values."""
+    """``precision`` itself (``bfloat16``, the released code's, or ``float32``, the control), or a ValueError
+    naming the allowed values."""
     if precision not in PRECISIONS:
         raise ValueError(f"unknown msign precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
     return precision

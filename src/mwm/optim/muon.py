@@ -47,8 +47,8 @@ import torch
 
 from mwm.optim.manifolds import DGRAM_RETRACTIONS, MANIFOLDS, cap_column_norms, get_manifold, to_tall
 from mwm.optim.msign import msign
-from mwm.config import defaults as schema_defaults
 from mwm.optim.solvers import SolverSettings, solve
+from mwm.optim.vocab import PAPER_TRAIN
 
 __all__ = ["ManifoldMuon", "MUON_MANIFOLDS", "momentum_direction", "muon_update"]
 
@@ -76,11 +76,9 @@ class ManifoldMuon(torch.optim.Optimizer):
         init_on_manifold: bool = True,
         solver: SolverSettings | None = None,
     ):
-        if lr is None or momentum is None or dgram_retraction is None:  # the schema holds the defaults
-            train = schema_defaults("train")
-            lr = train["muon_lr"] if lr is None else lr
-            momentum = train["muon_momentum"] if momentum is None else momentum
-            dgram_retraction = train["dgram_retraction"] if dgram_retraction is None else dgram_retraction
+        lr = PAPER_TRAIN["muon_lr"] if lr is None else lr
+        momentum = PAPER_TRAIN["muon_momentum"] if momentum is None else momentum
+        dgram_retraction = PAPER_TRAIN["dgram_retraction"] if dgram_retraction is None else dgram_retraction
         if lr < 0:
             raise ValueError(f"lr must be >= 0, got {lr}")
         if not 0.0 <= momentum < 1.0:

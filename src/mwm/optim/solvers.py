@@ -60,17 +60,14 @@ from typing import Iterable, Mapping
 
 import torch
 
-from mwm.config import names
-from mwm.config import defaults
 from mwm.optim.dual_ascent import METHODS, DualAscentResult, as_manifold, dual_ascent
 from mwm.optim.inner import Tolerance, check_inputs, check_iterations, or_default, result, start_multiplier, tall_pair
 from mwm.optim.manifolds import rms, to_tall
 from mwm.optim.msign import DEFAULT_STEPS, check_precision, msign
+from mwm.optim.vocab import MSIGN_KEYS, PAPER_TRAIN, SOLVER_KEYS, SOLVERS
 
 __all__ = ["SOLVERS", "SolverSettings", "admm", "clip_spectral", "solve", "solve_scale", "momentum_scale",
            "scaled_solve", "msign_per_iteration"]
-
-SOLVERS = names.SOLVERS
 
 
 @dataclass(frozen=True)
@@ -120,14 +117,15 @@ class SolverSettings:
         """The settings a config's (validated) ``train`` section gives. ``train.solver_normalize`` names
         the modules whose solves are normalized, so :func:`mwm.optim.assignments.build_optimizers` sets
         ``normalize`` per parameter group; here it stays False."""
-        keys = {**names.SOLVER_KEYS, **names.MSIGN_KEYS}
+        keys = {**SOLVER_KEYS, **MSIGN_KEYS}
         return cls(**{field: next((train[k] for k in ks if train.get(k) is not None), None)
                       for field, ks in keys.items() if field != "normalize"})
 
     @classmethod
     def defaults(cls, **changes) -> "SolverSettings":
-        """The schema's defaults (the paper's cold-started 20-step dual ascent, alpha 0.1), with ``changes``."""
-        return dataclasses.replace(cls.from_train(defaults("train")), **changes)
+        """The paper's settings (:data:`~mwm.optim.vocab.PAPER_TRAIN`, the schema's defaults: a cold-started
+        20-step dual ascent, alpha 0.1), with ``changes``."""
+        return dataclasses.replace(cls.from_train(PAPER_TRAIN), **changes)
 
     def replace(self, **changes) -> "SolverSettings":
         return dataclasses.replace(self, **changes)

@@ -104,24 +104,33 @@ def _imports(name: str, path: Path) -> set[str]:
 
 def code_deps(entry: str) -> list[str]:
     """What ``python -m entry`` may import: top-level modules as files, subpackages as folders. A
-    folder is tracked whole, so every module in it counts as imported."""
-    todo, seen = [entry, f"{entry}.__main__"], set()
+    folder is tracked whole, so every module in it counts as imported, unless the stage reaches it
+    only through modules that import nothing of the package (a torch-free vocabulary): those are
+    tracked as files, so a change to the rest of that room does not rerun the stage."""
+    todo, seen, whole = [entry, f"{entry}.__main__"], set(), set()
     while todo:
         name = todo.pop()
         if name in seen or (path := _module_file(name)) is None:
             continue
         seen.add(name)
-        todo.extend(_imports(name, path))
+        imports = _imports(name, path)
+        todo.extend(imports)
         parts = name.split(".")
-        if len(parts) > 1 and (PACKAGE / parts[1]).is_dir():  # the rest of its subpackage
-            todo.extend(".".join(["mwm", *f.relative_to(PACKAGE).with_suffix("").parts])
-                        for f in (PACKAGE / parts[1]).rglob("*.py") if f.name != "__init__.py")
+        if len(parts) > 1 and (PACKAGE / parts[1]).is_dir():
+            todo.append(f"mwm.{parts[1]}")  # importing a module runs its subpackage's __init__
+            if imports and parts[1] not in whole:  # the rest of its subpackage
+                whole.add(parts[1])
+                todo.extend(".".join(["mwm", *f.relative_to(PACKAGE).with_suffix("").parts])
+                            for f in (PACKAGE / parts[1]).rglob("*.py") if f.name != "__init__.py")
     deps = set()
     for name in seen - {NUMERICS_MODULE}:  # the numerics version is a param of the stages it versions
         parts = name.split(".")
         if len(parts) > 1:
             top = PACKAGE / parts[1]
-            deps.add((top if top.is_dir() else top.with_suffix(".py")).as_posix())
+            if not top.is_dir():
+                deps.add(top.with_suffix(".py").as_posix())
+            else:
+                deps.add((top if parts[1] in whole else _module_file(name)).as_posix())
     return sorted(deps)
 
 

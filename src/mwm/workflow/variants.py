@@ -24,7 +24,8 @@ Torch-free: the Snakefile imports it.
 from __future__ import annotations
 
 from mwm.config import ConfigError
-from mwm.config.layout import hidden_matrix_names, match_patterns, model_shape
+from mwm.config.layout import hidden_matrix_names, model_shape
+from mwm.optim.vocab import match_patterns
 from mwm.config.names import ATTN_KEYS, NAMED_ASSIGNMENTS, NORMALIZE_SCOPES
 
 __all__ = ["assignment_spec", "ETA_TAG", "rate_label", "sweep_variant", "sweep_points", "sweep_variants",

@@ -1,7 +1,7 @@
 """Golden outputs: the optimizer's math on fixed inputs, stored with the numerics version they belong to.
 
-    python -m mwm.optim.golden --check            # every case against tests/golden/numerics-v<VERSION>.npz
-    python -m mwm.optim.golden --write            # after a numerics change, with mwm.numerics.VERSION bumped
+    python -m mwm.measure.golden --check            # every case against tests/golden/numerics-v<VERSION>.npz
+    python -m mwm.measure.golden --write            # after a numerics change, with mwm.numerics.VERSION bumped
 
 A change of code that moves one of these outputs beyond float rounding is a numerics change:
 ``tests/test_golden.py`` fails on it until :data:`mwm.numerics.VERSION` is bumped and the file of
@@ -270,7 +270,7 @@ def spread(settings=None) -> dict[str, float]:
         for i, s in enumerate(settings):
             env = dict(os.environ, **{k: v for k, v in s.items() if k != "threads"})
             out = Path(tmp) / f"{i}.npz"
-            proc = subprocess.run([sys.executable, "-m", "mwm.optim.golden", "--write", "--force", "--out", str(out),
+            proc = subprocess.run([sys.executable, "-m", "mwm.measure.golden", "--write", "--force", "--out", str(out),
                                    "--threads", s.get("threads", "1")], env=env, capture_output=True, text=True)
             if proc.returncode != 0:  # e.g. a kernel this CPU lacks
                 print(f"skipped {s}: exit {proc.returncode}", file=sys.stderr)
@@ -284,7 +284,7 @@ def spread(settings=None) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m mwm.optim.golden", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m mwm.measure.golden", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     g = p.add_mutually_exclusive_group(required=True)
@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not path.is_file():
         print(f"error: no golden file {path} for numerics version {VERSION}: write it with "
-              f"`python -m mwm.optim.golden --write` (after a numerics change only)", file=sys.stderr)
+              f"`python -m mwm.measure.golden --write` (after a numerics change only)", file=sys.stderr)
         return 2
     moved = compare(got, load(path))
     for line in moved:
