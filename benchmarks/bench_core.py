@@ -10,7 +10,6 @@ stiefel, dgram and hetero, and times the DGram retractions against full SVD.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import torch
@@ -22,6 +21,7 @@ from mwm.config.names import NAMED_ASSIGNMENTS
 from mwm.optim.muon import ManifoldMuon
 from mwm.optim.solvers import SolverSettings
 
+from bench_retraction import timed, trained_bank, worst_error
 from released_path import released_step
 
 # nn.Linear weight shapes (out, in) of one GPT-2 small block
@@ -232,25 +232,15 @@ def time_retractions(repeats, bank=1):
         errs = {"svd": [], "paper": []}
         for key, shape in SHAPES.items():
             if kind == "trained":
-                W = get_manifold("dgram").init(torch.randn(bank, *shape, generator=g) * 0.02)
-                X = W - 0.02 * get_manifold("stiefel").init(torch.randn(bank, *shape, generator=g))
+                X = trained_bank(bank, shape, g)
             else:
                 X = torch.stack([_singular_like(shape, g) for _ in range(bank)])
             t = {}
             for k, f in fns.items():
-                f(X)
-                samples = []
-                for _ in range(repeats):
-                    s = time.perf_counter()
-                    f(X)
-                    samples.append(time.perf_counter() - s)
-                t[k] = statistics.median(samples)
+                t[k] = timed(f, X, repeats)[0]
                 totals[k] += t[k]
             ref = retract_dgram_svd(X.double())
-            e = {}
-            for k in errs:
-                Y = fns[k](X).double()
-                e[k] = max(rel(Y[i], ref[i]) for i in range(bank))
+            e = {k: worst_error(fns[k](X), ref) for k in errs}
             for k in errs:
                 errs[k].append(e[k])
             print(f"{kind:<9} {str(shape):<12} {t['svd']:>8.4f} {t['paper']:>8.4f} {t['colnorm']:>10.4f} "

@@ -9,7 +9,7 @@ up to ``--steps`` timed ones. Printed per assignment:
   paper's H100 figures (Stiefel 5.8x, hetero 8.3x, DGram 13.6x) and this project's
   goal (at most half of those; the ADMM row at most 1.5x none);
 - the optimizer's share of the step, peak memory, host-device syncs per step
-  (:class:`mwm.train.syncs.SyncCounter`: exact on CUDA, a proxy on CPU);
+  (:class:`mwm.measure.syncs.SyncCounter`: exact on CUDA, a proxy on CPU);
 - the optimizer's matmul FLOPs per step, counted from the Muon matrices' shapes and
   the solver's iterations (:func:`optimizer_flops`), and the TFLOP/s they achieve in
   the optimizer's time, against the GPU's bf16 dense peak;
@@ -289,7 +289,7 @@ def measure(args, name: str, batch: int, accum: int, budget_s: float, out: Path,
     import torch
 
     import mwm.train.loop as T
-    from mwm.train.syncs import SyncCounter
+    from mwm.measure.syncs import SyncCounter
 
     assignment, extra = row_spec(name)
     cfg = make_config(args, batch, accum, extra)
@@ -433,6 +433,7 @@ def retraction_row(args, cfg: dict, deadline: float = math.inf) -> dict:
     ``deadline`` (a ``time.perf_counter`` value); those done are listed in ``shapes``."""
     import torch
 
+    from bench_retraction import timed, trained_bank, worst_error
     from mwm.optim.manifolds import get_manifold, retract_dgram_svd
 
     dev = torch.device(args.device)
@@ -448,21 +449,12 @@ def retraction_row(args, cfg: dict, deadline: float = math.inf) -> dict:
     for shape in shapes:
         if time.perf_counter() >= deadline:
             break
-        W = get_manifold("dgram").init(torch.randn(layers, *shape, generator=g) * 0.02)
-        X = (W - 0.02 * get_manifold("stiefel").init(torch.randn(layers, *shape, generator=g))).to(dev)
+        X = trained_bank(layers, shape, g).to(dev)
         ref = retract_dgram_svd(X.double())
         for name, f in forms.items():
-            f(X)
-            samples = []
-            for _ in range(3):
-                _sync(dev)
-                t = time.perf_counter()
-                Y = f(X)
-                _sync(dev)
-                samples.append(time.perf_counter() - t)
-            out["s"][name] += statistics.median(samples)
-            err = ((Y.double() - ref).flatten(1).norm(dim=1) / ref.flatten(1).norm(dim=1)).max().item()
-            out["err"][name] = max(out["err"][name], err)
+            seconds, Y = timed(f, X, 3, lambda: _sync(dev))
+            out["s"][name] += seconds
+            out["err"][name] = max(out["err"][name], worst_error(Y, ref))
         out["shapes"].append(list(shape))
         out["cut"].pop(0)
     return out

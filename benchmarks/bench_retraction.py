@@ -73,14 +73,32 @@ def candidates(tol: float):
     return {"eigh": eigh, "eigvalsh": values, "eigvalsh+NS": ns}
 
 
-def timed(f, X, repeats):
+def trained_bank(bank: int, shape: tuple[int, int], g: torch.Generator, eta: float = 0.02) -> torch.Tensor:
+    """``bank`` float32 weights of ``shape`` as training makes them at the paper's rates, before the DGram
+    retraction: ``W - eta A``, ``W`` the DGram init of 0.02-scale noise and ``A`` a Stiefel point (the
+    update's scale). ``bench_core`` and ``bench_gpu`` time the retraction on these."""
+    W = get_manifold("dgram").init(torch.randn(bank, *shape, generator=g) * 0.02)
+    return W - eta * get_manifold("stiefel").init(torch.randn(bank, *shape, generator=g))
+
+
+def timed(f, X, repeats: int, sync=lambda: None):
+    """The median seconds of ``repeats`` calls of ``f(X)`` after one untimed call, and the last output;
+    ``sync()`` runs before and after each timed call (a device's queue drained)."""
     f(X)
     samples = []
     for _ in range(repeats):
+        sync()
         t = time.perf_counter()
         out = f(X)
+        sync()
         samples.append(time.perf_counter() - t)
     return statistics.median(samples), out
+
+
+def worst_error(Y: torch.Tensor, ref: torch.Tensor) -> float:
+    """The largest relative Frobenius distance from ``ref`` over a bank, in float64."""
+    Y, ref = Y.double(), ref.double()
+    return float(((Y - ref).norm(dim=(-2, -1)) / ref.norm(dim=(-2, -1))).amax())
 
 
 def main(argv=None) -> int:
@@ -106,8 +124,7 @@ def main(argv=None) -> int:
             res = {k: timed(f, X, args.repeats) for k, f in fns.items()}
             for k in fns:
                 tot[k] += res[k][0]
-            err = {k: float(((res[k][1][0] - ref).norm(dim=(-2, -1)) / ref.norm(dim=(-2, -1))).amax())
-                   for k in ("eigh", "eigvalsh+NS")}
+            err = {k: worst_error(res[k][1][0], ref) for k in ("eigh", "eigvalsh+NS")}
             t0 = res["eigh"][0]
             print(f"{kappa:>6g} {str(shape):<13} {t0:>8.3f} {res['eigvalsh'][0] / t0:>9.2f} "
                   f"{res['eigvalsh+NS'][0] / t0:>12.2f} {res['eigvalsh+NS'][1][1]:>9d} {err['eigh']:>9.1e} "
