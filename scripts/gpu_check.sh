@@ -9,7 +9,7 @@
 #                                           test tier, then benchmarks/bench_gpu.py, all within S seconds
 #   bash scripts/gpu_check.sh --cpu [--deadline S] OUTDIR
 #                                           the same sequence on the CPU with a tiny model (no wheels):
-#                                           tests/test_gpu_check.py runs it, so the script is known to
+#                                           tests/scripts/test_gpu_check.py runs it, so the script is known to
 #                                           work before any GPU is lent
 #
 # OUTDIR gets: versions.txt, gpu_tier.log, bench_gpu.log, bench_gpu.json, summary.txt, always (a stage
@@ -118,7 +118,7 @@ device=cuda
 [[ $mode == cpu ]] && device=cpu
 tier_limit=$(( $(left) / 2 ))
 start=$SECONDS
-MWM_TEST_DEVICE=$device timeout -k 5 $tier_limit $PY -m pytest -q -s -p no:cacheprovider -m gpu tests/test_gpu.py \
+MWM_TEST_DEVICE=$device timeout -k 5 $tier_limit $PY -m pytest -q -s -p no:cacheprovider -m gpu tests/train/test_gpu.py \
     >"$OUT/gpu_tier.log" 2>&1
 rc=$?
 tier=$(grep -E "^[0-9]+ (passed|failed)|^=+ .*(passed|failed|error)" "$OUT/gpu_tier.log" | tail -n 1)

@@ -123,3 +123,12 @@ def snakemake_in(repo: Path, *args: str, timeout: int = 300) -> subprocess.Compl
     env["PYTHONPATH"] = str(repo / "src")
     return subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=repo, env=env, capture_output=True,
                           text=True, timeout=timeout)
+
+
+def alias_bomb(levels: int = 9, width: int = 9) -> str:
+    """Nested anchors: ``levels`` lists of ``width`` aliases of the one before (9^9 = 387M leaves)."""
+    lines = ["name: bomb", "x0: &x0 [" + ", ".join(["lol"] * width) + "]"]
+    for i in range(1, levels):
+        lines.append(f"x{i}: &x{i} [" + ", ".join([f"*x{i - 1}"] * width) + "]")
+    lines.append(f"train: {{batch_size: *x{levels - 1}}}")
+    return "\n".join(lines) + "\n"

@@ -128,3 +128,18 @@ def test_package_page_lists_every_module():
         modules.add(".".join(parts))
     missing = sorted(m for m in modules - {"mwm"} if f"`{m}`" not in text)
     assert not missing, f"docs/package.md does not list {missing}"
+
+
+def test_the_test_tree_mirrors_the_rooms():
+    """Every folder of tests/ is a room of the package (or benchmarks/, scripts/); every test at the top
+    tests a top-level module or the checkout as a whole; basenames are unique (pytest imports by name)."""
+    tests, pkg = ROOT / "tests", ROOT / "src" / "mwm"
+    rooms = {p.name for p in pkg.iterdir() if (p / "__init__.py").is_file()} | {"benchmarks", "scripts"}
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and not p.name.startswith((".", "__"))} - {"golden"}
+    assert folders <= rooms, f"tests/ folders that are no room: {sorted(folders - rooms)}"
+    top = {p.stem[len("test_"):] for p in tests.glob("test_*.py")}
+    checkout = {"docs", "lint", "packaging", "envs"}
+    modules = {p.stem for p in pkg.glob("*.py")}
+    assert top <= modules | checkout, f"tests/ top-level files of a room: {sorted(top - modules - checkout)}"
+    names = [p.name for p in tests.rglob("test_*.py")]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)

@@ -1,7 +1,7 @@
 """The numerics version: which version of the optimizer's arithmetic made a run or a study.
 
 A change of code that moves any training or study number (a *numerics change*) bumps
-:data:`VERSION`; a refactor that moves none does not. ``tests/test_golden.py`` holds the line
+:data:`VERSION`; a refactor that moves none does not. ``tests/measure/test_golden.py`` holds the line
 between the two: it fails when a golden output (:mod:`mwm.measure.golden`) moves beyond float rounding
 while :data:`VERSION` stays.
 

@@ -1,7 +1,7 @@
 """The package's vocabulary: assignment names, their manifold table, variant names.
 
 Torch-free (standard library only), so the Snakefile and ``rules/common.smk`` can
-use it without importing torch (``tests/test_names.py`` checks). Every other module
+use it without importing torch (``tests/config/test_names.py`` checks). Every other module
 takes these names from here instead of spelling them again.
 
 Named assignments (Table 3 of the paper, plus two extras):

@@ -4,7 +4,7 @@
     python -m mwm.measure.golden --write            # after a numerics change, with mwm.numerics.VERSION bumped
 
 A change of code that moves one of these outputs beyond float rounding is a numerics change:
-``tests/test_golden.py`` fails on it until :data:`mwm.numerics.VERSION` is bumped and the file of
+``tests/measure/test_golden.py`` fails on it until :data:`mwm.numerics.VERSION` is bumped and the file of
 the new version written. Cases (:data:`CASES`): msign (float32 and float64 in direct and Gram order,
 the released bfloat16 iteration, tall / square / wide / nearly low-rank), dual ascent and ADMM (Stiefel, DGram;
 float32 and float64), every retraction (a DGram weight whose Gram eigh cannot resolve too), one step

@@ -20,7 +20,7 @@ pair ``(W, U)`` that step consumed (weight, Nesterov momentum) and the direction
 The reference is ADMM on ``W / s`` (:func:`mwm.optim.solvers.scaled_solve`), cold, rho 2,
 :data:`REFERENCE_STEPS` iterations in float32 msign: scale-free, and within 0.01 of the
 alignment of a 300-iteration solve on Stiefel and DGram pairs of the mini model's shapes at
-scales 1-100 (``tests/test_quality.py``), at the cost of one paper solve (20 msign-equivalents).
+scales 1-100 (``tests/optim/test_quality.py``), at the cost of one paper solve (20 msign-equivalents).
 It is one extra solve per matrix at evaluations only, on banks of equal width zero-padded to
 their tallest matrix as the optimizer banks them (a zero row changes no column here).
 """

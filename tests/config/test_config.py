@@ -16,16 +16,7 @@ import fakedata
 import mwm.config as config
 from mwm.config import ConfigError, load_config, load_schema, resolve_device, validate
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def alias_bomb(levels: int = 9, width: int = 9) -> str:
-    """Nested anchors: ``levels`` lists of ``width`` aliases of the one before (9^9 = 387M leaves)."""
-    lines = ["name: bomb", "x0: &x0 [" + ", ".join(["lol"] * width) + "]"]
-    for i in range(1, levels):
-        lines.append(f"x{i}: &x{i} [" + ", ".join([f"*x{i - 1}"] * width) + "]")
-    lines.append(f"train: {{batch_size: *x{levels - 1}}}")
-    return "\n".join(lines) + "\n"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _limit_memory():  # expanding the bomb would take 1.7-2.3 GB: the child is capped at 1 GB
@@ -34,7 +25,7 @@ def _limit_memory():  # expanding the bomb would take 1.7-2.3 GB: the child is c
 
 def test_an_alias_bomb_is_refused_at_once_naming_the_file(tmp_path):
     path = tmp_path / "bomb.yaml"
-    path.write_text(alias_bomb())
+    path.write_text(fakedata.alias_bomb())
     env = dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     code = ("import sys\nfrom mwm.config import ConfigError, load_config\n"
             "try:\n    load_config(sys.argv[1])\nexcept ConfigError as e:\n    print(e)\n")

@@ -11,7 +11,7 @@ from mwm.config import names
 from mwm.config.names import (COLNORM_SUFFIX, NAMED_ASSIGNMENTS, PAPER_ASSIGNMENTS, STUDY_MANIFOLDS, assignment_pair,
                        parse_variant, uses_dgram, variant_name)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # What the Snakefile and rules/common.smk import, and the parse-time calls they make.
 PARSE_TIME = """

@@ -16,7 +16,7 @@ from mwm.config.checks import check_config, check_splits, min_split_tokens
 from mwm.config import ConfigError, load_config
 from fakedata import HAS_SNAKEMAKE, repo_copy, snakemake_in
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 needs_snakemake = pytest.mark.skipif(not HAS_SNAKEMAKE, reason="snakemake not installed")
 
@@ -151,7 +151,7 @@ def test_a_logger_whose_package_is_missing_is_refused_before_any_job(monkeypatch
     from mwm.config import load_config
     from mwm.config.checks import check_config
 
-    cfg = load_config(Path(__file__).resolve().parents[1] / "config" / "ci.yaml")
+    cfg = load_config(Path(__file__).resolve().parents[2] / "config" / "ci.yaml")
     cfg["workflow"]["loggers"] = ["dvclive"]
     check_config(cfg, "config/ci.yaml")  # installed here: accepted
     real = importlib.util.find_spec

@@ -13,7 +13,7 @@ from mwm.optim import vocab
 from mwm.optim.assignments import OptimizerSettings
 from mwm.optim.solvers import SolverSettings
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OPTIM = ROOT / "src" / "mwm" / "optim"
 
 

@@ -21,11 +21,11 @@ import yaml
 import re
 import shlex
 import shutil
-from fakedata import HAS_SNAKEMAKE, repo_copy, snakemake_in
+from fakedata import HAS_SNAKEMAKE, alias_bomb, repo_copy, snakemake_in
 from mwm.config import load_config
 from mwm.workflow.paths import CONFIG_ENV
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("snakemake") is None,
@@ -240,7 +240,6 @@ def test_snakemake_refuses_an_alias_bomb_at_once(tmp_path):
     (the schema error message serialised the expanded config); now one line, at once."""
     import resource
 
-    from test_config import alias_bomb
 
     path = tmp_path / "bomb.yaml"
     path.write_text(alias_bomb())

@@ -23,7 +23,7 @@ from mwm.config import load_config
 from mwm.config.names import uses_dgram
 from mwm.workflow.runs import grid_variants
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAPER = ROOT / "config" / "paper.yaml"
 CI = ROOT / "config" / "ci.yaml"
 

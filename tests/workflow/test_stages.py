@@ -11,7 +11,7 @@ import pytest
 from mwm.workflow import stages
 from mwm.workflow.stages import STAGES, STUDIES, report_category, rule_file_sections, study_files
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_stage_names_a_rule_file_and_an_entry_point_that_exist():

@@ -16,7 +16,7 @@ from mwm.report.mechanism2 import (arm_kind, contrast_rows, mechanism2_contrasts
 from mwm.train import manipulation
 from mwm.workflow.variants import sweep_points
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CFG = load_config(ROOT / "config" / "mechanism2.yaml")
 SEEDS = CFG["grid"]["seeds"]
 STEPS = (0, 50, 100, 150, 200)

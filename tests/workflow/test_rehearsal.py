@@ -10,7 +10,7 @@ import pytest
 from mwm.config import ConfigError, load_config, yaml_load
 from mwm.workflow import rehearsal
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PAPER = REPO / "config" / "paper.yaml"
 
 

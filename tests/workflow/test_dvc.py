@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CI = "config/ci.yaml"
 PRODUCTS = ("results", "data", "paper_figures")  # nothing in them is hand-written
 TABLE_SUFFIXES = (".csv", ".md", ".tex", ".json", ".txt")

@@ -116,7 +116,7 @@ def test_dvc_hashes_no_live_folder_of_a_run():
     pathspec = pytest.importorskip("pathspec")
     from mwm.train.live import LOGGERS
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     spec = pathspec.GitIgnoreSpec.from_lines((root / ".dvcignore").read_text().splitlines())
     for name in LOGGERS:
         assert spec.match_file(f"results/runs/ci/hetero/seed0/{name}/events.out"), name

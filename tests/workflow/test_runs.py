@@ -189,14 +189,14 @@ def test_a_new_train_key_without_default_leaves_finished_runs_their_own():
     from mwm.config import load_config
     from mwm.workflow.runs import config_run_identity, identity_problem
 
-    schema = yaml.safe_load((Path(__file__).resolve().parents[1] / "src" / "mwm" / "config" / "schema" / "train.yaml")
+    schema = yaml.safe_load((Path(__file__).resolve().parents[2] / "src" / "mwm" / "config" / "schema" / "train.yaml")
                             .read_text())["properties"]
     defaulted = {k for k, spec in schema.items() if "default" in spec or "$default" in spec}
     assert defaulted == DEFAULTED_TRAIN_KEYS, (
         f"train keys with a schema default changed ({sorted(defaulted ^ DEFAULTED_TRAIN_KEYS)}): a new key with a "
         "default makes every finished run foreign; give it none (docs/training.md, Run identity), or, for a "
         "numerics change, bump mwm.numerics.VERSION and update DEFAULTED_TRAIN_KEYS")
-    cfg = load_config(Path(__file__).resolve().parents[1] / "config" / "ci.yaml")
+    cfg = load_config(Path(__file__).resolve().parents[2] / "config" / "ci.yaml")
     recorded = config_run_identity(cfg, "dgram", 0)
     unset = [k for k in schema if k not in defaulted and k not in cfg["train"]]
     assert unset and not set(unset) & set(recorded["train"])  # absent keys are not in the identity

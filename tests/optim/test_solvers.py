@@ -12,7 +12,7 @@ from mwm.optim.dual_ascent import MixedProjector, dual_ascent
 from mwm.optim.manifolds import get_manifold
 from mwm.optim.muon import ManifoldMuon, _split_by_work
 from mwm.optim.solvers import SolverSettings, admm, clip_spectral, momentum_scale, scaled_solve, solve, solve_scale
-from test_optim import Tiny, loss_of, train
+from test_muon import Tiny, loss_of, train
 
 
 def pair(m, n, name="stiefel", batch=(), seed=0, g_scale=1.0):

@@ -192,7 +192,7 @@ def test_bad_studies_key_is_named(tmp_path, capsys):
 
 
 def test_shipped_configs_validate_with_the_papers_grid():
-    root = os.path.join(os.path.dirname(__file__), "..", "config")
+    root = os.path.join(os.path.dirname(__file__), "..", "..", "config")
     paper = load_config(os.path.join(root, "paper.yaml"))["studies"]
     assert len(paper["alpha"]["sizes"]) == 14 and {64, 768} <= set(paper["alpha"]["sizes"])
     assert min(paper["alpha"]["sizes"]) == 16 and max(paper["alpha"]["sizes"]) == 1024
@@ -354,7 +354,7 @@ def test_the_shared_study_module_run_as_a_script_points_to_the_studies():
     import sys
     from pathlib import Path
 
-    src = Path(__file__).resolve().parents[1] / "src"
+    src = Path(__file__).resolve().parents[2] / "src"
     res = subprocess.run([sys.executable, "-m", "mwm.studies.common"], capture_output=True, text=True, timeout=60,
                          env={**__import__("os").environ, "PYTHONPATH": str(src)})
     assert res.returncode == 2 and "python -m mwm.studies.{alpha,absorption,audits,solvers}" in res.stderr

@@ -5,7 +5,7 @@ from pathlib import Path
 from mwm.config import load_config
 from mwm.report.scale import LONG_MIN_ITERS, capabilities, is_paper_scale
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_only_the_paper_config_is_paper_scale():

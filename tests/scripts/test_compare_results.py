@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 _SPEC = importlib.util.spec_from_file_location("compare_results",
-                                               Path(__file__).parents[1] / "scripts" / "compare_results.py")
+                                               Path(__file__).parents[2] / "scripts" / "compare_results.py")
 compare = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(compare)
 

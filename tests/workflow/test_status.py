@@ -13,7 +13,7 @@ import yaml
 from mwm.workflow import status
 from mwm.config import load_config
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from mwm.report.ledger import build_mechanism_ledger
 from mwm.report.mechanism import contrasts, intervention_kind, mechanism_ledger_values, mechanism_results
 from mwm.workflow.variants import sweep_points
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CFG = load_config(ROOT / "config" / "mechanism.yaml")
 TOP = max(CFG["grid"]["sweep"]["muon_lr"])
 

@@ -217,7 +217,7 @@ def test_paper_config_reads_the_pinned_archives():
     from mwm.data.corpora import NANOGPT_OPENWEBTEXT, OpenWebTextArchives, make_source
     from mwm.data.spec import normalize
 
-    src = make_source(normalize(load_config(Path(__file__).parents[1] / "config" / "paper.yaml")["data"]))
+    src = make_source(normalize(load_config(Path(__file__).parents[2] / "config" / "paper.yaml")["data"]))
     assert isinstance(src, OpenWebTextArchives) and src.location == OWT_REPO and src.revision == OWT_REVISION
     ref = src.reference_counts()
     assert {k: ref[k] for k in NANOGPT_OPENWEBTEXT} == NANOGPT_OPENWEBTEXT and ref["tolerance"] == 1e-3

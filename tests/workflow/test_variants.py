@@ -13,7 +13,7 @@ from mwm.workflow.variants import assignment_spec
 from mwm.workflow.variants import (intervention_keys, intervention_label, rate_label, sweep_overrides, sweep_points,
                                    sweep_variant)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def sweep_cfg(**grid):
