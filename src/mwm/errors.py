@@ -1,9 +1,19 @@
-"""The package's one user-facing error type, imported by the modules that raise it (``config``,
-``paths``) without importing each other."""
+"""The package's user-facing error types, in one module every room can import without importing each
+other: the entry points print their message instead of a traceback."""
+
+__all__ = ["ConfigError", "DataError", "TokenizerError", "write_failure"]
 
 
 class ConfigError(ValueError):
     """A config that does not validate; the message names file, key and value."""
+
+
+class DataError(ValueError):
+    """Bad input or a damaged output of the data stage; the message names file, key and value."""
+
+
+class TokenizerError(DataError):
+    """The GPT-2 BPE files could not be found, provisioned or verified."""
 
 
 def write_failure(exc: OSError, what: str) -> str:

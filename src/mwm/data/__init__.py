@@ -18,7 +18,7 @@ Python: ``prepare_dataset(section, out)`` (:func:`mwm.data.prepare.prepare`); co
 ``python -m mwm.data --help``.
 """
 
-from mwm.data.errors import DataError, TokenizerError
+from mwm.errors import DataError, TokenizerError
 from mwm.data.prepare import prepare as prepare_dataset
 from mwm.data.reader import TokenDataset
 from mwm.data.spec import dataset_dir, normalize

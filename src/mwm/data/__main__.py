@@ -9,7 +9,7 @@ import os
 import sys
 
 from mwm.config import ConfigError, apply_overrides, load_config
-from mwm.data.errors import DataError
+from mwm.errors import DataError
 
 _FLAGS = [  # (flag, data key, argparse kwargs)
     ("--corpus", "corpus", dict(choices=["shakespeare", "openwebtext", "text"])),

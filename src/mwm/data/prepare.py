@@ -35,7 +35,7 @@ from mwm.config import config_hash
 from mwm.data import vocab as vocab_mod
 from mwm.data.corpora import UNIT_CHARS, Source, make_source
 from mwm.data.encode import DTYPE, encode_units
-from mwm.data.errors import DataError
+from mwm.errors import DataError
 from mwm.data.reader import FORMAT, FORMAT_VERSION, SPLITS, meta_digest, sha256_file
 from mwm.data.spec import content, dataset_dir, normalize
 from mwm.data.tokenizer import tokenizer_info

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mwm.data.errors import DataError
+from mwm.errors import DataError
 
 __all__ = ["TokenDataset", "FORMAT", "FORMAT_VERSION", "SPLITS", "sha256_file", "meta_digest", "VERIFIED_NAME"]
 

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from mwm.config import config_hash, validate
-from mwm.data.errors import DataError
+from mwm.errors import DataError
 
 __all__ = ["normalize", "content", "defaults", "dataset_dir", "DATA_ROOT"]
 

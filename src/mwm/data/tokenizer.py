@@ -28,7 +28,7 @@ import urllib.request
 from pathlib import Path
 from typing import Callable
 
-from mwm.data.errors import TokenizerError
+from mwm.errors import TokenizerError
 
 __all__ = [
     "ENCODING",

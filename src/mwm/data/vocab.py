@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mwm.data.errors import DataError
+from mwm.errors import DataError
 
 __all__ = ["UINT16_IDS", "check_fits_uint16", "count_ids", "choose_kept", "lookup_table",
            "remap_file"]

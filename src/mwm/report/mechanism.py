@@ -14,7 +14,7 @@ the ``mech.*`` rules. The figures and tables only read those.
 - ``fig_mechanism_chain``: for a failed plain run of each baseline at the largest rate, the chain (attention
   sigma_max against the growth bound, max logit range, entropy, softmax-Jacobian norm, the attention
   solves' alignment beside a converged solve's) beside its normalized and capped twins and All Stiefel
-- ``fig_solver_quality``: every arm's solve quality against sigma_max (:mod:`mwm.report.quality`)
+- ``fig_solver_quality``: every arm's solve quality against sigma_max (:mod:`mwm.report.solver_quality`)
 """
 
 from __future__ import annotations
@@ -293,7 +293,7 @@ def fig_mechanism_chain(cfg: dict, res: pd.DataFrame, runs, out: Path, twins=_ch
 def mechanism_report(cfg: dict, runs, out: Path) -> pd.DataFrame:
     """Every product of the mechanism report in ``out``; returns the per-run results."""
     from mwm.report import style
-    from mwm.report.quality import fig_solver_quality, solver_quality
+    from mwm.report.solver_quality import fig_solver_quality, solver_quality
 
     style.apply()
     out.mkdir(parents=True, exist_ok=True)

@@ -391,7 +391,7 @@ def training_report(cfg: dict, runs, out: Path) -> dict:
     fig_sigma_layers(runs, out, variants)
     fig_spectrum(runs, out)
     fig_attention(runs, out, variants)
-    from mwm.report.quality import fig_solver_quality, solver_quality
+    from mwm.report.solver_quality import fig_solver_quality, solver_quality
 
     fig_solver_quality(solver_quality({k: r for k, r in runs.items() if k[0] in variants}), out)
     table_assignments(cfg, out, list(dict.fromkeys(v for v, _ in runs)))

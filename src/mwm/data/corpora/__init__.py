@@ -30,7 +30,7 @@ pattern spans such a point, so encoding the pieces gives the ids of the whole.
 
 from __future__ import annotations
 
-from mwm.data.errors import DataError
+from mwm.errors import DataError
 from mwm.data.corpora.hf import HFDataset
 from mwm.data.corpora.markdown import strip_markdown
 from mwm.data.corpora.openwebtext import NANOGPT_OPENWEBTEXT, OWT_ARCHIVES, OWT_REPO, OWT_REVISION, OpenWebTextArchives

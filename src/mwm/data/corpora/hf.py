@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mwm.data.errors import DataError
+from mwm.errors import DataError
 from mwm.data.corpora.openwebtext import NANOGPT_OPENWEBTEXT
 from mwm.data.corpora.units import HF_UNIT_ROWS, RowsUnit, Source, UNIT_CHARS, split_orders
 

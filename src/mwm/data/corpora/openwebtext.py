@@ -13,7 +13,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from mwm.data import workers
-from mwm.data.errors import DataError
+from mwm.errors import DataError
 from mwm.data.corpora.units import HF_UNIT_ROWS, Source, UNIT_CHARS, split_orders
 
 

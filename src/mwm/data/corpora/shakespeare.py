@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 from pathlib import Path
-from mwm.data.errors import DataError
+from mwm.errors import DataError
 from mwm.data.corpora.markdown import STRIP_VERSION, strip_markdown
 from mwm.data.corpora.units import Source, iter_pieces
 

@@ -8,7 +8,7 @@ import hashlib
 import os
 from pathlib import Path
 from typing import Sequence
-from mwm.data.errors import DataError
+from mwm.errors import DataError
 from mwm.data.corpora.units import READ_BLOCK, Source, last_safe_cut, iter_pieces
 
 

@@ -12,7 +12,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from mwm.data import workers
-from mwm.data.errors import DataError
+from mwm.errors import DataError
 
 
 UNIT_CHARS = 1 << 18      # ~256k characters (~64k tokens) of text per work unit

@@ -1,4 +1,4 @@
-"""mwm.report.quality: solver.csv rows pooled per assignment and binned by sigma_max."""
+"""mwm.report.solver_quality: solver.csv rows pooled per assignment and binned by sigma_max."""
 
 from types import SimpleNamespace
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import pandas as pd
 
-from mwm.report.quality import fig_solver_quality, quality_bins, solver_quality
+from mwm.report.solver_quality import fig_solver_quality, quality_bins, solver_quality
 
 
 def rows(scales, align, conv, module="attn"):
