@@ -33,7 +33,7 @@ from mwm.config import ConfigError, load_config
 from mwm.train.diagnostics import attention_stats, spectral_stats
 from mwm.optim.msign import choose_order
 from mwm.optim.manifolds import to_tall
-from mwm.workflow.runs import run_config
+from mwm.plan.runs import run_config
 from mwm.train.loop import Run
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

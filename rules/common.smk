@@ -7,16 +7,16 @@ import sys
 
 from snakemake.exceptions import WorkflowError
 
-from mwm.config.checks import check_config, check_splits
+from mwm.plan.checks import check_config, check_splits
 from mwm.config import PLANNED_ENV, ConfigError, load_config, planned_stamp
 from mwm.data import DataError, TokenDataset, dataset_dir
 from mwm.train.launch import ranks_per_run
-from mwm.config.names import UNCONSTRAINED, parse_variant
+from mwm.config.names import UNCONSTRAINED
 from mwm.numerics import VERSION as NUMERICS
 from mwm.workflow.owner import check_owner, claim
-from mwm.workflow.dvc import PERSISTENT, folders
-from mwm.workflow.paths import CONFIG_ENV, checkout_relative, first_on_pythonpath, inside, leads_out
-from mwm.workflow.runs import RESULTS_ROOT, RUN_FILES, capture_variants, capture_window, check_grid, grid_variants, run_config
+from mwm.workflow.dvc import PERSISTENT
+from mwm.paths import CONFIG_ENV, checkout_relative, first_on_pythonpath, inside, leads_out
+from mwm.plan.runs import RESULTS_ROOT, RUN_FILES, Plan, check_grid
 from mwm.workflow import stages
 from mwm.workflow.site import site_resources
 from mwm.setaside import RETRAIN_FOLDER, SET_ASIDE_RULE, foreign_problem, foreign_root, next_marker, retrain_markers
@@ -96,7 +96,8 @@ try:  # the schema already refuses such names; a path from the config never leav
         inside(_parent, NAME, what=f"config name (in {_parent})")
 except ConfigError as exc:
     raise WorkflowError(str(exc))
-FOLDERS = folders(CFG)  # where each kind of product lives (mwm.workflow.dvc, the DVC stages' outputs)
+PLAN = Plan(CFG)  # the runs the config makes, their settings and folders (mwm.plan.runs)
+FOLDERS = PLAN.folders  # where each kind of product lives (the DVC stages' outputs too)
 DATA = FOLDERS["data"]
 DATA_FILES = [f"{DATA}/{f}" for f in stages.STAGES["data"].outputs]
 
@@ -119,8 +120,8 @@ def _check_data():
 
 _check_data()
 
-RUN_VARIANTS = grid_variants(CFG["grid"])  # every trained variant (mwm.config.names.variant_name)
-SEEDS = CFG["grid"]["seeds"]
+RUN_VARIANTS = list(PLAN.variants)  # every trained variant (mwm.config.names.variant_name)
+SEEDS = list(PLAN.seeds)
 RUNS = FOLDERS["runs"]
 STUDIES = FOLDERS["studies"]
 
@@ -175,7 +176,7 @@ def foreign_runs():
     out = {}
     for v in RUN_VARIANTS:
         for s in SEEDS:
-            problem = foreign_problem(CFG, RESULTS_ROOT, v, s)
+            problem = foreign_problem(PLAN, v, s)
             if problem:
                 out[v, s] = problem
     return out
@@ -184,13 +185,13 @@ def foreign_runs():
 # A run that is not the config's own (other numerics, or other settings written outside the
 # workflow) still looks finished to Snakemake; its train job gets one more input, a marker that rule
 # set_aside_foreign_run makes after moving the run aside (mwm.setaside), so the run is retrained.
-_FOREIGN = foreign_runs() if CFG["workflow"]["report"] != "solvers" else {}
+_FOREIGN = foreign_runs() if PLAN.trains else {}
 if _FOREIGN:
     print(f"mwm: {len(_FOREIGN)} finished run(s) of {CONFIG_FILE} are not the config's own (other settings, e.g. "
           "an older mwm.train with overrides, or other numerics; the report refuses them): rule "
           f"{SET_ASIDE_RULE} moves each to {foreign_root(RESULTS_ROOT, NAME)}/<variant>/seed<S>-<UTC time>/ "
           "(nothing is deleted) and the workflow retrains it:\n  "
-          + "\n  ".join(f"{RUNS}/{v}/seed{s}/summary.json: {why}" for (v, s), why in _FOREIGN.items()),
+          + "\n  ".join(f"{PLAN.path(v, s)}/summary.json: {why}" for (v, s), why in _FOREIGN.items()),
           file=sys.stderr)
 
 
@@ -259,25 +260,26 @@ def threads(stage):
 
 
 def run_files(variant="{variant}", seed="{seed}"):
-    files = {f.split(".")[0]: f"{RUNS}/{variant}/seed{seed}/{f}" for f in RUN_FILES}
-    files["spectra"] = directory(f"{RUNS}/{variant}/seed{seed}/spectra")
+    run = PLAN.path(variant, seed)
+    files = {f.split(".")[0]: f"{run}/{f}" for f in RUN_FILES}
+    files["spectra"] = directory(f"{run}/spectra")
     # the solver study's captured steps (studies.solvers.source: grid); empty in other runs
-    files["sequence"] = directory(f"{RUNS}/{variant}/seed{seed}/sequence")
+    files["sequence"] = directory(f"{run}/sequence")
     if CFG["train"]["keep_final_checkpoint"]:
-        files["final"] = f"{RUNS}/{variant}/seed{seed}/final.pt"
+        files["final"] = f"{run}/final.pt"
     if CFG["train"]["capture_pairs_step"] is not None:
-        files["pairs"] = f"{RUNS}/{variant}/seed{seed}/pairs.npz"
+        files["pairs"] = f"{run}/pairs.npz"
     return files
 
 
 def run_train(variant):
     """The train section a run of ``variant`` trains with (grid.train_overrides merged), so an
     edit of its overrides reruns it as an edit of train does (equal to train without overrides)."""
-    return run_config(CFG, parse_variant(variant)[0])["train"]
+    return PLAN.train(variant)
 
 
 def all_runs():
-    return [f"{RUNS}/{v}/seed{s}/{f}" for v in RUN_VARIANTS for s in SEEDS for f in (*RUN_FILES, "spectra", "sequence")]
+    return [f"{PLAN.path(v, s)}/{f}" for v in RUN_VARIANTS for s in SEEDS for f in (*RUN_FILES, "spectra", "sequence")]
 
 
 # What the report reads: the studies, and whether the grid's runs (mwm.workflow.stages.REPORT_INPUTS).
@@ -292,7 +294,7 @@ def run_targets():
 def run_capture(variant, seed):
     """The steps the run captures for the solver study (None: none), so a change of the
     study's window reruns exactly the runs that capture."""
-    return capture_window(CFG, variant, int(seed))
+    return PLAN.capture(variant, seed)
 
 
 def solver_sequences(wildcards):
@@ -301,7 +303,7 @@ def solver_sequences(wildcards):
     sec = CFG["studies"]["solvers"]
     if sec["source"] != "grid":
         return []
-    return [f"{RUNS}/{v}/seed{sec['seed']}/{f}" for v in capture_variants(CFG)
+    return [f"{PLAN.path(v, sec['seed'])}/{f}" for v in PLAN.capture_variants
             for f in ("sequence", "summary.json", "metrics.csv")]
 
 
@@ -328,13 +330,13 @@ def pairs_input(wildcards):
     prefer = ("hetero", "hetero-inv", "stiefel", "dgram")
     constrained = [v for v in CFG["grid"]["assignments"] if v not in UNCONSTRAINED]
     order = list(dict.fromkeys([p for p in prefer if p in constrained] + constrained))
-    return [f"{RUNS}/{v}/seed{SEEDS[0]}/pairs.npz" for v in order]
+    return [f"{PLAN.path(v, SEEDS[0])}/pairs.npz" for v in order]
 
 
 def spectral_input(wildcards):
     """A spectral log for the growth-bound audit: DGram attention is where it bites."""
     run = probe_run(("dgram", "hetero-inv", "hetero"))
-    return [] if run is None else [f"{RUNS}/{run[0]}/seed{run[1]}/spectral.csv"]
+    return [] if run is None else [f"{PLAN.path(*run)}/spectral.csv"]
 
 
 def all_targets():

@@ -8,7 +8,7 @@ import pytest
 
 from mwm import numerics
 from mwm.numerics import HISTORY, VERSION, commit_of, recorded_version, version_problem
-from mwm.workflow.runs import identity_problem, run_identity
+from mwm.plan.runs import identity_problem, run_identity
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,9 +14,9 @@ import pytest
 
 from mwm.config import ConfigError, config_hash, load_config
 from mwm.io import atomic_write_json
-from mwm.workflow.lock import LOCK_NAME, RunLock, RunLocked
-from mwm.workflow.paths import UnsafePathError
-from mwm.workflow.runs import checkpoint_dir, expected_identity, run_dir
+from mwm.lock import LOCK_NAME, RunLock, RunLocked
+from mwm.paths import UnsafePathError
+from mwm.plan.runs import Plan, checkpoint_dir, expected_identity, run_dir
 from mwm.setaside import (RECORD_FILE, foreign_problem, foreign_root, next_marker, retrain_dir, retrain_markers,
                           set_aside)
 
@@ -62,11 +62,11 @@ def test_markers_are_numbered_inside_the_runs_folder(cfg, tmp_path):
 
 def test_foreign_problem_names_the_keys_and_ignores_the_configs_own_and_missing_runs(cfg, tmp_path):
     root = tmp_path / "results"
-    assert foreign_problem(cfg, root, "none", 0) is None  # no run
+    assert foreign_problem(Plan(cfg, root), "none", 0) is None  # no run
     _run(root, cfg, "dgram", lr=None)
-    assert foreign_problem(cfg, root, "dgram", 0) is None  # the config's own
+    assert foreign_problem(Plan(cfg, root), "dgram", 0) is None  # the config's own
     _run(root, cfg)
-    assert "train.learning_rate: run 0.02" in foreign_problem(cfg, root, "none", 0)
+    assert "train.learning_rate: run 0.02" in foreign_problem(Plan(cfg, root), "none", 0)
 
 
 def test_set_aside_moves_the_run_and_its_checkpoint_then_writes_the_marker(cfg, tmp_path):

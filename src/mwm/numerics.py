@@ -5,7 +5,7 @@ A change of code that moves any training or study number (a *numerics change*) b
 between the two: it fails when a golden output (:mod:`mwm.measure.golden`) moves beyond float rounding
 while :data:`VERSION` stays.
 
-The version is part of every run's identity (:func:`mwm.workflow.runs.run_identity`), so a run made by
+The version is part of every run's identity (:func:`mwm.plan.runs.run_identity`), so a run made by
 another version is not its config's run: Snakemake sets it aside and retrains it
 (:mod:`mwm.setaside`), ``mwm.workflow.status`` flags it and the report refuses it, each with
 :func:`version_problem`'s line. Studies record it in their derived JSON, and the train and study

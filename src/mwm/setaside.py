@@ -3,7 +3,7 @@
     python -m mwm.setaside --config C --variant V --seed S --marker results/runs/<name>/.retrain/V/seedS/<n>.json
 
 A run folder ``results/runs/<name>/<variant>/seed<S>/`` whose ``summary.json`` records an
-identity that is not the config's (:func:`mwm.workflow.runs.identity_problem`: other numerics, or
+identity that is not the config's (:func:`mwm.plan.runs.identity_problem`: other numerics, or
 other settings written outside the workflow) holds every file the train rule declares, newer than
 its inputs, so Snakemake sees nothing to do. The workflow (``rules/common.smk``) gives the train job
 of such a run one more input, a marker that rule ``set_aside_foreign_run`` makes by calling this
@@ -32,9 +32,9 @@ import time
 from pathlib import Path
 
 from mwm.config import ConfigError
-from mwm.workflow.paths import inside
-from mwm.workflow.runs import (HAND_FOLDER, RESULTS_ROOT, checkpoint_dir, expected_identity, grid_variants,
-                               identity_problem, run_dir)
+from mwm.paths import inside
+from mwm.workflow.stages import SET_ASIDE_RULE
+from mwm.plan.runs import HAND_FOLDER, RESULTS_ROOT, Plan
 
 __all__ = ["RETRAIN_FOLDER", "FOREIGN_FOLDER", "SET_ASIDE_RULE", "RECORD_FILE", "retrain_dir", "retrain_markers",
            "next_marker", "foreign_root", "foreign_problem", "set_aside", "main"]
@@ -43,8 +43,6 @@ __all__ = ["RETRAIN_FOLDER", "FOREIGN_FOLDER", "SET_ASIDE_RULE", "RECORD_FILE", 
 RETRAIN_FOLDER = ".retrain"
 #: Under ``<root>/<HAND_FOLDER>/`` (beside the hand runs' ``<hash>`` folders): the runs set aside.
 FOREIGN_FOLDER = "foreign"
-#: The rule that calls this entry point (``rules/train.smk``); local bookkeeping, no DVC stage.
-SET_ASIDE_RULE = "set_aside_foreign_run"
 #: The record written in each folder set aside.
 RECORD_FILE = "set_aside.json"
 
@@ -79,17 +77,17 @@ def foreign_root(root: str | Path, name: str) -> Path:
     return inside(Path(root) / HAND_FOLDER / FOREIGN_FOLDER, name, what="config name (in hand/foreign)")
 
 
-def foreign_problem(cfg: dict, root: str | Path, variant: str, seed: int) -> str | None:
-    """Why the finished run of (variant, seed) in ``root`` is not ``cfg``'s own; None when it
-    is, or when there is no readable summary (a missing or cut run: Snakemake reruns it anyway)."""
-    path = run_dir(root, cfg["name"], variant, seed) / "summary.json"
+def foreign_problem(plan: Plan, variant: str, seed: int) -> str | None:
+    """Why the finished run of (variant, seed) in the plan's root is not its config's own; None when
+    it is, or when there is no readable summary (a missing or cut run: Snakemake reruns it anyway)."""
+    path = plan.run(variant, seed).dir / "summary.json"
     try:
         summary = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
     if not isinstance(summary, dict):
         return None
-    return identity_problem(summary, expected_identity(cfg, variant, seed))
+    return plan.problem(summary, variant, seed)
 
 
 def _utc_stamp(now: float | None) -> str:
@@ -127,15 +125,16 @@ def set_aside(cfg: dict, config_file: str, variant: str, seed: int, marker: str 
     own (:func:`foreign_problem`), with its checkpoint folder, and write ``marker`` (one of the
     run's markers, :func:`retrain_dir`). Returns the record written (``moved_to`` None: nothing
     was set aside, e.g. a retry after the move). ConfigError for a variant or seed that is not
-    the config's or a marker elsewhere; :class:`mwm.workflow.lock.RunLocked` while a process writes the run."""
+    the config's or a marker elsewhere; :class:`mwm.lock.RunLocked` while a process writes the run."""
     from mwm.io import atomic_write_json
-    from mwm.workflow.lock import LOCK_NAME, RunLock
+    from mwm.lock import LOCK_NAME, RunLock
 
     name = cfg["name"]
-    if variant not in grid_variants(cfg["grid"]) or seed not in cfg["grid"]["seeds"]:
+    plan = Plan(cfg, root)
+    if variant not in plan.variants or seed not in plan.seeds:
         raise ConfigError(f"{variant} seed {seed} is not a run of config {name!r} ({config_file}): its grid trains "
-                          f"{', '.join(grid_variants(cfg['grid']))} at seeds {cfg['grid']['seeds']}")
-    run = run_dir(root, name, variant, seed)
+                          f"{', '.join(plan.variants)} at seeds {list(plan.seeds)}")
+    run = plan.run(variant, seed).dir
     folder = retrain_dir(root, name, variant, seed)
     marker = Path(marker)
     if os.path.abspath(marker.parent) != os.path.abspath(folder) or not _MARKER.match(marker.name):
@@ -144,7 +143,7 @@ def set_aside(cfg: dict, config_file: str, variant: str, seed: int, marker: str 
     record = {"run": run.as_posix(), "config_file": config_file, "at": _utc_stamp(now), "moved_to": None,
               "why": "nothing set aside: no summary there that is not the config's (a retry after the move, or the run "
                      "was retrained meanwhile)"}
-    problem = foreign_problem(cfg, root, variant, seed)
+    problem = foreign_problem(plan, variant, seed)
     if problem:
         lock = RunLock(run)  # refuses while a process writes the run (names it)
         token = lock.token
@@ -166,7 +165,7 @@ def set_aside(cfg: dict, config_file: str, variant: str, seed: int, marker: str 
                 moved = dest / LOCK_NAME
                 if (RunLock._read(moved) or {}).get("token") == token:
                     moved.unlink(missing_ok=True)
-        ckpt = checkpoint_dir(root, name, variant, seed)
+        ckpt = plan.run(variant, seed).ckpt_dir
         if ckpt.is_dir() and any(ckpt.iterdir()):
             _move(ckpt, dest / "checkpoint")
         record.update(moved_to=dest.as_posix(), why=problem)
@@ -186,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--root", default=RESULTS_ROOT, help="results root (default: %(default)s, the workflow's)")
     args = ap.parse_args(argv)
     from mwm.config import load_config
-    from mwm.workflow.lock import RunLocked
+    from mwm.lock import RunLocked
 
     try:
         record = set_aside(load_config(args.config), args.config, args.variant, args.seed, args.marker, args.root)

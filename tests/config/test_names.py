@@ -18,32 +18,34 @@ PARSE_TIME = """
 import sys
 from mwm.config import PLANNED_ENV, ConfigError, exponent_floats, load_config, planned_stamp, validate
 from mwm.data import DataError, TokenDataset, dataset_dir
-from mwm.workflow.dvc import PERSISTENT, folders
+from mwm.workflow.dvc import PERSISTENT
 from mwm.train.launch import ranks_per_run
 from mwm.config.names import UNCONSTRAINED
 from mwm.numerics import VERSION
-from mwm.workflow.paths import checkout_relative, first_on_pythonpath, inside, leads_out
-from mwm.workflow.runs import RUN_FILES, check_grid, expected_identity, grid_variants, identity_problem, run_config
+from mwm.paths import checkout_relative, first_on_pythonpath, inside, leads_out
+from mwm.plan.runs import RUN_FILES, Plan, check_grid
 from mwm.setaside import foreign_problem, foreign_root, next_marker, retrain_markers
 from mwm.workflow.site import site_resources
-from mwm.config.checks import check_config, check_splits
+from mwm.plan.checks import check_config, check_splits
 from mwm.workflow.owner import check_owner, claim
 cfg = load_config("config/ci.yaml")
 check_grid(cfg["grid"])
 ranks_per_run(cfg)
 dataset_dir(cfg["data"])
-grid_variants(cfg["grid"])
+plan = Plan(cfg)
+plan.runs()
 check_config(cfg)
 check_splits(cfg, {"splits": {"val": {"tokens": 10 ** 6}}}, "meta.json")
 check_owner("/nonexistent", cfg, "config/ci.yaml")
-identity_problem({}, expected_identity(cfg, "dgram-colnorm", 0))
-run_config(cfg, "dgram-hot")
-foreign_problem(cfg, "/nonexistent", "dgram-colnorm", 0)
+plan.problem({}, "dgram-colnorm", 0)
+plan.train("dgram-hot")
+plan.capture("dgram", 0)
+foreign_problem(Plan(cfg, "/nonexistent"), "dgram-colnorm", 0)
 foreign_root("/nonexistent", cfg["name"])
 retrain_markers("/nonexistent", cfg["name"], "none", "0")
 next_marker("/nonexistent", cfg["name"], "none", "0")
 planned_stamp("config/ci.yaml", cfg)
-folders(cfg)
+plan.path()
 leads_out("data/x/train.bin")
 site_resources(1, {"MWM_SLURM_GPU_PARTITION": "gpu"})
 print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
@@ -58,9 +60,9 @@ def test_snakefile_parse_imports_no_torch():
             pkg, name = line.split()[1], line.split()[3].rstrip(",")
             module = ROOT / "src" / pkg.replace(".", "/") / f"{name}.py"
             imported.add(f"{pkg}.{name}" if module.is_file() else pkg)
-    assert imported == {"mwm.config.checks", "mwm.config", "mwm.data", "mwm.workflow.dvc", "mwm.train.launch",
-                        "mwm.config.names", "mwm.numerics", "mwm.workflow.owner", "mwm.workflow.paths",
-                        "mwm.workflow.runs", "mwm.setaside", "mwm.workflow.site", "mwm.workflow.stages"}, \
+    assert imported == {"mwm.plan.checks", "mwm.config", "mwm.data", "mwm.workflow.dvc", "mwm.train.launch",
+                        "mwm.config.names", "mwm.numerics", "mwm.workflow.owner", "mwm.paths",
+                        "mwm.plan.runs", "mwm.setaside", "mwm.workflow.site", "mwm.workflow.stages"}, \
         "rules/common.smk imports changed: update PARSE_TIME in this test"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.run([sys.executable, "-c", PARSE_TIME], cwd=ROOT, env=env, capture_output=True, text=True,

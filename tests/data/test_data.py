@@ -334,7 +334,7 @@ def test_prepare_removes_work_folders_of_killed_prepares(tmp_path, corpus):
     import os
     import socket
 
-    from mwm.workflow.lock import proc_start
+    from mwm.lock import proc_start
 
     host, me = socket.gethostname(), os.getpid()
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,

@@ -359,7 +359,7 @@ def test_grid_runs_capture_the_window_and_the_study_reads_them_without_training(
     import json
 
     from mwm.config import config_hash, load_config
-    from mwm.workflow.runs import config_run_identity, run_dir
+    from mwm.plan.runs import config_run_identity, run_dir
     from mwm.studies.solvers import run_solvers
     from mwm.train.loop import train
 

@@ -11,7 +11,7 @@ from mwm import paper
 from mwm.config import load_config
 from mwm.report.ledger import build_mechanism_ledger
 from mwm.report.mechanism import contrasts, intervention_kind, mechanism_ledger_values, mechanism_results
-from mwm.workflow.variants import sweep_points
+from mwm.plan.variants import sweep_points
 
 ROOT = Path(__file__).resolve().parents[2]
 CFG = load_config(ROOT / "config" / "mechanism.yaml")
@@ -101,7 +101,7 @@ def test_other_configs_say_they_do_not_rebuild_the_mechanism_rows():
 
 
 def test_the_mechanism_configs_pair_fresh_seeds_across_every_kind_of_arm():
-    from mwm.config.checks import check_config
+    from mwm.plan.checks import check_config
 
     others = set()
     for path in (ROOT / "config").glob("*.yaml"):

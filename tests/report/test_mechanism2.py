@@ -14,7 +14,7 @@ from mwm.report.ledger import build_mechanism2_ledger
 from mwm.report.mechanism2 import (arm_kind, contrast_rows, mechanism2_contrasts, mechanism2_ledger_values,
                                    mechanism2_results, mechanism2_tables)
 from mwm.train import manipulation
-from mwm.workflow.variants import sweep_points
+from mwm.plan.variants import sweep_points
 
 ROOT = Path(__file__).resolve().parents[2]
 CFG = load_config(ROOT / "config" / "mechanism2.yaml")
@@ -184,7 +184,7 @@ def test_the_tables_show_every_margin_and_every_cell(tmp_path):
 
 @pytest.mark.parametrize("name", ["mechanism2", "mechanism2-gpt2", "ci-mechanism2"])
 def test_the_mechanism2_configs_use_fresh_seeds_and_the_rules_rates(name):
-    from mwm.config.checks import check_config
+    from mwm.plan.checks import check_config
 
     cfg = load_config(ROOT / "config" / f"{name}.yaml")
     check_config(cfg, f"config/{name}.yaml")

@@ -43,7 +43,7 @@ def results(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setattr("mwm.train.loop.resolve_data", lambda c: fakedata.FakeData())
     from mwm.config.names import parse_variant
-    from mwm.workflow.runs import grid_variants
+    from mwm.plan.runs import grid_variants
 
     for v in grid_variants(cfg["grid"]):
         a, r = parse_variant(v)

@@ -8,7 +8,7 @@ import pytest
 from mwm.config import ConfigError, load_config
 from mwm.report.load import load_runs
 from mwm.report.solver_training import MIN_SEEDS, solver_training_report, verdict
-from mwm.workflow.runs import check_grid
+from mwm.plan.runs import check_grid
 from mwm.train.loop import train
 
 GRID = {

@@ -277,7 +277,7 @@ def test_model_and_optimizers_are_built_on_the_cpu_then_moved(tmp_path, monkeypa
 @pytest.mark.slow
 def test_summary_records_the_run_identity_it_hashes(tmp_path):
     from mwm.config import config_hash
-    from mwm.workflow.runs import expected_identity
+    from mwm.plan.runs import expected_identity
 
     rc, d = run_inprocess(tmp_path, assignment="hetero")
     assert rc == 0
@@ -290,7 +290,7 @@ def test_summary_records_the_run_identity_it_hashes(tmp_path):
 def test_hand_run_with_overrides_never_lands_in_the_config_folder(tmp_path, monkeypatch, capsys):
     """A hand run with an override went into results/runs/<name>/ and replaced the config's run."""
     from mwm.config import config_hash
-    from mwm.workflow.runs import HAND_FOLDER, RESULTS_ROOT
+    from mwm.plan.runs import HAND_FOLDER, RESULTS_ROOT
 
     monkeypatch.chdir(tmp_path)
     cfg = fakedata.write_config(tmp_path / "tiny.yaml", train__max_iters=4, train__lr_decay_iters=4)
@@ -521,7 +521,7 @@ def test_a_hand_run_is_checked_against_what_it_runs_not_the_grid_s_capture_windo
 
 @pytest.mark.parametrize("drop", ["opt_shares", "config_hash", "step", "sampler", "muon", "a model weight"])
 def test_a_checkpoint_short_of_a_key_is_a_one_line_error_naming_it(tmp_path, fake_data, capsys, monkeypatch, drop):
-    from mwm.workflow.runs import RunFolder
+    from mwm.train.folder import RunFolder
     from mwm.train.loop import Run
 
     cfg = load_config(fakedata.write_config(tmp_path / "tiny.yaml"))
@@ -549,12 +549,12 @@ def test_a_checkpoint_short_of_a_key_is_a_one_line_error_naming_it(tmp_path, fak
 
 def test_a_results_folder_that_cannot_be_written_is_a_one_line_error(tmp_path, fake_data, capsys, monkeypatch):
     """Root writes into read-only folders, so the OS's refusal is planted where the run takes its lock."""
-    import mwm.workflow.lock
+    import mwm.lock
 
     def refuse(self, folder, *a, **k):
         raise PermissionError(13, "Permission denied", str(folder))
 
-    monkeypatch.setattr(mwm.workflow.lock.RunLock, "__init__", refuse)
+    monkeypatch.setattr(mwm.lock.RunLock, "__init__", refuse)
     rc, d = fakedata.run_main(tmp_path)
     err = capsys.readouterr().err
     assert rc == 1 and err.count("\n") == 1, err
@@ -572,7 +572,7 @@ def test_grad_accum_that_the_ranks_cannot_share_is_refused_before_training(tmp_p
 
 
 def test_a_multi_rank_run_from_before_the_split_batch_is_not_the_config_s():
-    from mwm.workflow.runs import identity_problem
+    from mwm.plan.runs import identity_problem
 
     from mwm.numerics import VERSION
 
@@ -640,10 +640,10 @@ class _Killed(BaseException):
 def _interrupted(tmp_path, monkeypatch, at_step: int, during_copy: bool = False):
     """A tiny run killed at its checkpoint of ``at_step``: after the checkpoint is written, or (``during_copy``)
     while the copy of its logs is written, after metrics.csv and before eval.csv. Returns the Run class."""
-    import mwm.workflow.runs as runs_mod
+    import mwm.train.folder as folder_mod
     from mwm.train.loop import Run
 
-    real_copy, real_save = runs_mod._copy_run_files, Run.save_checkpoint
+    real_copy, real_save = folder_mod._copy_run_files, Run.save_checkpoint
 
     def copy(src, dst, replace_steps):
         if during_copy and dst.name == "logs" and (src / "metrics.csv").read_text().count("\n") > at_step:
@@ -656,11 +656,11 @@ def _interrupted(tmp_path, monkeypatch, at_step: int, during_copy: bool = False)
         if self.step == at_step:
             raise _Killed()
 
-    monkeypatch.setattr(runs_mod, "_copy_run_files", copy)
+    monkeypatch.setattr(folder_mod, "_copy_run_files", copy)
     monkeypatch.setattr(Run, "save_checkpoint", save)
     with pytest.raises(_Killed):
         fakedata.run_main(tmp_path)
-    monkeypatch.setattr(runs_mod, "_copy_run_files", real_copy)
+    monkeypatch.setattr(folder_mod, "_copy_run_files", real_copy)
     monkeypatch.setattr(Run, "save_checkpoint", real_save)
 
 
@@ -721,7 +721,7 @@ def test_a_checkpoint_of_other_numerics_is_refused_naming_both_versions(tmp_path
     _interrupted(tmp_path, monkeypatch, at_step=4)
     ck = tmp_path / "out" / "checkpoints" / "tiny" / "none" / "seed0" / "ckpt.pt"
     monkeypatch.setattr(numerics, "VERSION", numerics.VERSION + 1)
-    import mwm.workflow.runs as runs_mod
+    import mwm.plan.runs as runs_mod
 
     monkeypatch.setattr(runs_mod, "VERSION", numerics.VERSION)
     capsys.readouterr()
@@ -774,7 +774,7 @@ sys.path.insert(0, {tests!r})
 import fakedata
 fakedata.patch()
 import mwm.train.loop as loop
-from mwm.workflow.runs import RunFolder
+from mwm.train.folder import RunFolder
 phase, rank = sys.argv[1], int(os.environ["RANK"])
 if phase == "kill":
     real = loop.Run.save_checkpoint

@@ -21,7 +21,7 @@ import yaml
 
 from mwm.config import load_config
 from mwm.config.names import uses_dgram
-from mwm.workflow.runs import grid_variants
+from mwm.plan.runs import grid_variants
 
 ROOT = Path(__file__).resolve().parents[2]
 PAPER = ROOT / "config" / "paper.yaml"

@@ -135,7 +135,7 @@ def test_a_real_run_logs_progress_and_reads_completed(tiny_config, fake_data, tm
 # -- runs that are not the config's own --------------------------------------------------------
 def test_a_run_that_is_not_the_configs_own_is_flagged_naming_the_keys(cfg, tmp_path, capsys, monkeypatch):
     from mwm.config import config_hash
-    from mwm.workflow.runs import expected_identity
+    from mwm.plan.runs import expected_identity
 
     cfg, path = cfg
     res = tmp_path / "results"
@@ -155,7 +155,7 @@ def test_a_run_that_is_not_the_configs_own_is_flagged_naming_the_keys(cfg, tmp_p
 
 def test_a_run_of_other_numerics_is_flagged_naming_both_versions(cfg, tmp_path):
     from mwm.numerics import VERSION
-    from mwm.workflow.runs import expected_identity
+    from mwm.plan.runs import expected_identity
 
     cfg, _ = cfg
     res = tmp_path / "results"

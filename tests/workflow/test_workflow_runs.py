@@ -23,7 +23,7 @@ import shlex
 import shutil
 from fakedata import HAS_SNAKEMAKE, alias_bomb, repo_copy, snakemake_in
 from mwm.config import load_config
-from mwm.workflow.paths import CONFIG_ENV
+from mwm.paths import CONFIG_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -364,7 +364,7 @@ def test_tiny_sweep_config_runs_end_to_end(tmp_path):
     # unstable (its AdamW rates scaled far past stability) and the capped intervention beside All DGram
     import pandas as pd
 
-    from mwm.workflow.variants import sweep_variants
+    from mwm.plan.variants import sweep_variants
 
     cfg = load_config(ROOT / "config" / "ci-sweep.yaml")
     res = snakemake(tmp_path, ROOT / "config" / "ci-sweep.yaml", "all")

@@ -34,7 +34,7 @@ from jsonschema import Draft202012Validator, validators
 
 from mwm.config import names
 from mwm.errors import ConfigError
-from mwm.workflow.paths import NAME_PATTERN, checkout_relative
+from mwm.paths import NAME_PATTERN, checkout_relative
 
 __all__ = [
     "ConfigError",

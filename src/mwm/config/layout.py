@@ -2,7 +2,7 @@
 matrices' names and how ``grid.custom`` patterns map onto them.
 
 Torch-free (standard library only), so the Snakefile can check a config's model and
-patterns when it loads (:mod:`mwm.config.checks`; ``tests/config/test_names.py`` checks no torch is
+patterns when it loads (:mod:`mwm.plan.checks`; ``tests/config/test_names.py`` checks no torch is
 imported). :mod:`mwm.train.model` builds the model from the same sizes and rules, and
 :mod:`mwm.optim.assignments` maps patterns with :func:`mwm.optim.vocab.match_patterns`; ``tests/config/test_layout.py``
 checks :func:`hidden_matrix_names` against the built model's parameters.

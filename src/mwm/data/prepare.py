@@ -59,7 +59,7 @@ def _usable_cpus() -> int:
 
 
 def _work_prefix() -> str:
-    from mwm.workflow.lock import proc_start
+    from mwm.lock import proc_start
 
     pid = os.getpid()
     return f"{WORK_PREFIX}{socket.gethostname()}-{pid}-{proc_start(pid) or 0}-"
@@ -80,7 +80,7 @@ def remove_stale_work(out: Path, log: Callable[[str], None]) -> list[Path]:
     """Remove the temporary folders in ``out`` of ``prepare`` processes of this host that
     are gone (killed: nothing removed them); returns them. Folders of live processes,
     of other hosts and of an unknown name layout are kept (the last two named)."""
-    from mwm.workflow.lock import pid_alive, proc_start
+    from mwm.lock import pid_alive, proc_start
 
     host, removed = socket.gethostname(), []
     for d in sorted(out.glob(f"{WORK_PREFIX}*")):

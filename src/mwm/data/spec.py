@@ -91,6 +91,6 @@ def dataset_dir(data_section: dict | None, root: str | Path = DATA_ROOT) -> Path
     own = {k: sec[k] for k in _PER_CORPUS[sec["corpus"]]}
     if sec["corpus"] == "text" or any(own[k] != dflt[k] for k in own):
         parts.append(config_hash(own)[:12])
-    from mwm.workflow.paths import inside
+    from mwm.paths import inside
 
     return inside(root, "-".join(parts), what="data folder")

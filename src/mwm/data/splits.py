@@ -1,4 +1,4 @@
-"""Whether a prepared dataset's splits are long enough for a config's model (see :mod:`mwm.config.checks`).
+"""Whether a prepared dataset's splits are long enough for a config's model (see :mod:`mwm.plan.checks`).
 
 Torch-free and apart from the training code, so the data stage (``mwm.data prepare --config``)
 can check its own output without depending on it."""

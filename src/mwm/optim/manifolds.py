@@ -167,7 +167,7 @@ def cap_column_norms(W: torch.Tensor, cap: float) -> torch.Tensor:
     """Scale down every column (of the tall orientation) whose norm exceeds ``cap`` to norm ``cap``;
     the others are left as they are. On DGram (orthogonal columns) the singular values are the column
     norms, so this clips them at ``cap`` and keeps ``off(W^T W) = 0``: the spectral cap of the
-    interventions (``train.attn_sigma_cap``, ``train.mlp_sigma_cap``, :mod:`mwm.workflow.variants`)."""
+    interventions (``train.attn_sigma_cap``, ``train.mlp_sigma_cap``, :mod:`mwm.plan.variants`)."""
     if not cap > 0:
         raise ValueError(f"the singular-value cap must be > 0, got {cap!r}")
 

@@ -8,7 +8,7 @@ Per parameter group (each carries a ``manifold`` key):
 * ``manifold`` in stiefel / dgram / oblique: Manifold Muon,
   ``W <- retract(W - lr A)`` with ``A`` from the dual ascent; no weight decay.
   A DGram group may carry ``sigma_cap`` (attention or MLP): after the retraction its column norms (its
-  singular values, on DGram) are capped there (the intervention of :mod:`mwm.workflow.variants`).
+  singular values, on DGram) are capped there (the intervention of :mod:`mwm.plan.variants`).
 
 Matrices of equal shape (up to transposition: wide ones are stacked in their
 tall orientation) and hyperparameters are stacked into one bank and updated by
@@ -354,7 +354,7 @@ def muon_update(W: torch.Tensor, U: torch.Tensor, group: dict, manifolds: list[s
             idx = _index_of(tuple(manifolds), name, pre.device)
             W[idx] = get_manifold(name, group["dgram_retraction"]).retract(pre[idx], precision=prec)
     cap = group.get("sigma_cap")
-    if cap is not None:  # a group of DGram attention or MLP weights under an intervention's cap (mwm.workflow.variants)
+    if cap is not None:  # a group of DGram attention or MLP weights under an intervention's cap (mwm.plan.variants)
         W = cap_column_norms(W, cap)
     if not settings.warm_start:
         return W, None, res.A

@@ -20,8 +20,8 @@ from pathlib import Path
 from mwm.config import ConfigError, load_config
 from mwm.errors import write_failure
 from mwm.workflow.owner import check_owner
-from mwm.workflow.paths import inside
-from mwm.workflow.runs import check_grid
+from mwm.paths import inside
+from mwm.plan.runs import check_grid
 from mwm.report.ledger import (build_ledger, build_mechanism2_ledger, build_mechanism_ledger, build_sweep_ledger,
                                write_ledger)
 from mwm.report.load import ReportError, load_runs

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mwm.workflow.runs import RUN_FILES, expected_identity, grid_variants, identity_problem, run_dir
+from mwm.plan.runs import RUN_FILES, Plan
 
 __all__ = ["ReportError", "RunData", "load_runs", "spectra_steps", "load_spectrum"]
 
@@ -76,9 +76,10 @@ def _read_log(path: Path) -> pd.DataFrame:
 def load_runs(cfg: dict, root: str | Path = "results") -> dict[tuple[str, int], RunData]:
     """Every (variant, seed) of the config's grid."""
     missing, foreign, runs = [], [], {}
-    for variant in grid_variants(cfg["grid"]):
-        for seed in cfg["grid"]["seeds"]:
-            d = run_dir(root, cfg["name"], variant, seed)
+    plan = Plan(cfg, root)
+    for variant in plan.variants:
+        for seed in plan.seeds:
+            d = plan.run(variant, seed).dir
             absent = [f for f in RUN_FILES if not (d / f).exists()]
             if absent:
                 missing.append(f"{d} (missing {', '.join(absent)})")
@@ -92,7 +93,7 @@ def load_runs(cfg: dict, root: str | Path = "results") -> dict[tuple[str, int], 
                 _read_log(d / "attention.csv"), _read_log(d / "metrics.csv"), _read_log(d / "solver.csv"),
             )
             check_backed(runs[variant, seed])
-            problem = identity_problem(summary, expected_identity(cfg, variant, seed))
+            problem = plan.problem(summary, variant, seed)
             if problem:
                 foreign.append(f"{d / 'summary.json'}: {problem}")
     if missing:

@@ -25,8 +25,8 @@ import numpy as np
 import pandas as pd
 
 from mwm import paper
-from mwm.workflow.runs import run_config
-from mwm.workflow.variants import intervention_keys, intervention_label, rate_label, sweep_points, sweep_variant
+from mwm.plan.runs import run_config
+from mwm.plan.variants import intervention_keys, intervention_label, rate_label, sweep_points, sweep_variant
 from mwm.report.scale import capabilities
 from mwm.report.tables import write_table
 

@@ -30,8 +30,8 @@ from mwm import paper
 from mwm.report.mechanism import fig_mechanism_chain, fig_mechanism_loss, mechanism_results
 from mwm.report.tables import write_table
 from mwm.train import manipulation
-from mwm.workflow.runs import run_config
-from mwm.workflow.variants import intervention_keys, intervention_label, rate_label, sweep_points
+from mwm.plan.runs import run_config
+from mwm.plan.variants import intervention_keys, intervention_label, rate_label, sweep_points
 
 __all__ = ["KINDS", "CHECK_OF", "arm_kind", "mechanism2_results", "mechanism2_contrasts", "mechanism2_decisions",
            "mechanism2_ledger_values", "mechanism2_report"]

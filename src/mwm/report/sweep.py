@@ -1,4 +1,4 @@
-"""The learning-rate sweep's report (``workflow.report: sweep``, :mod:`mwm.workflow.variants`).
+"""The learning-rate sweep's report (``workflow.report: sweep``, :mod:`mwm.plan.variants`).
 
 Compute first, then draw: :func:`sweep_results` turns the runs into one row per run,
 :func:`summarize` into one row per (assignment, rate), :func:`stability` into each
@@ -29,8 +29,8 @@ import pandas as pd
 
 from mwm import paper
 from mwm.config.names import ATTN_MATRICES, PAPER_ASSIGNMENTS
-from mwm.workflow.runs import run_config
-from mwm.workflow.variants import intervention_keys, intervention_label, rate_label, sweep_points, sweep_variant
+from mwm.plan.runs import run_config
+from mwm.plan.variants import intervention_keys, intervention_label, rate_label, sweep_points, sweep_variant
 from mwm.report.tables import fmt, write_table
 
 __all__ = ["STABLE", "sweep_results", "summarize", "Stability", "stability", "chain_series", "sweep_report"]

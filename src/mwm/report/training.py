@@ -22,7 +22,7 @@ from mwm.optim.manifolds import get_manifold
 from mwm.train.model import GPT, GPTConfig
 from mwm.config.names import (ADAMW, ATTN_MATRICES, MLP_MATRICES, NAMED_ASSIGNMENTS, PAPER_ASSIGNMENTS, UNCONSTRAINED,
                               is_colnorm, parse_variant)
-from mwm.workflow.variants import assignment_spec
+from mwm.plan.variants import assignment_spec
 from mwm.train.schedule import muon_lr_series
 from mwm.report import style
 from mwm.report.load import RunData, load_spectrum, spectra_steps

@@ -22,7 +22,7 @@ from mwm.io import atomic_write_text  # the package's one atomic writer (umask-h
 from mwm.optim.manifolds import Manifold, get_manifold
 from mwm.optim.msign import msign
 from mwm.config.names import STUDY_MANIFOLDS
-from mwm.workflow.paths import check_out_root
+from mwm.paths import check_out_root
 
 __all__ = [
     "variant_manifold",

@@ -62,7 +62,7 @@ import torch
 
 from mwm.config import ConfigError
 from mwm.io import read_csv_rows
-from mwm.workflow.runs import RESULTS_ROOT, capture_variants, run_dir
+from mwm.plan.runs import RESULTS_ROOT, capture_variants, run_dir
 from mwm.optim.manifolds import get_manifold
 from mwm.optim.solvers import SolverSettings, msign_per_iteration, solve
 from mwm.studies.absorption import _rel, load_pairs
@@ -139,7 +139,7 @@ def capture_sequences(cfg: dict, sec: dict, out: Path, log=print) -> tuple[list[
     every captured step, ``[{assignment, run, reason}]`` of those that do not)."""
     import signal
 
-    from mwm.workflow.runs import run_dir
+    from mwm.plan.runs import run_dir
     from mwm.train.loop import train
 
     dirs, missing = [], []

@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from mwm.workflow.lock import pid_alive
+from mwm.lock import pid_alive
 
 __all__ = ["ranks_per_run", "launch", "worker_started", "worker_exit", "main"]
 

@@ -3,7 +3,7 @@
     python -m mwm.train --config config/config.yaml --assignment hetero --seed 0 [key=value ...]
 
 One run per call; its folder is ``results/runs/<config>/<variant>/seed<seed>/``
-(see :mod:`mwm.workflow.runs`). Files, appended as the run goes and safe to read meanwhile:
+(see :mod:`mwm.plan.runs`). Files, appended as the run goes and safe to read meanwhile:
 
 ``metrics.csv``   step, train_loss, lr, muon_lr, step_time, tokens_per_s, optimizer_time, optimizer_share
 ``eval.csv``      step, train_loss, val_loss (fixed batches, the same for every run of a config)
@@ -51,7 +51,7 @@ import torch
 
 from mwm import __version__
 from mwm.optim.assignments import OptimizerSettings, build_optimizers, nonfinite
-from mwm.config.checks import check_config, check_run
+from mwm.plan.checks import check_config, check_run
 from mwm.config import ConfigError, config_hash, load_config, resolve_device, seed_bound
 from mwm.errors import write_failure
 from mwm.train.diagnostics import ATTENTION_COLUMNS, SPECTRAL_COLUMNS, attention_stats, spectral_stats
@@ -62,11 +62,12 @@ from mwm.config.names import RETRACTIONS, parse_variant, uses_dgram, variant_nam
 from mwm.optim.quality import QUALITY_COLUMNS, quality_rows
 from mwm.train.manipulation import run_checks
 from mwm.workflow.owner import claim
-from mwm.workflow.paths import check_out_root, inside
-from mwm.workflow.runs import (HAND_FOLDER, RESULTS_ROOT, RunFolder, capture_window, check_grid, config_run_identity,
+from mwm.paths import check_out_root, inside
+from mwm.train.folder import RunFolder
+from mwm.plan.runs import (HAND_FOLDER, RESULTS_ROOT, capture_window, check_grid, config_run_identity,
                    identity_diff, run_config, run_identity)
 from mwm.train.schedule import learning_rates
-from mwm.workflow.variants import assignment_spec
+from mwm.plan.variants import assignment_spec
 
 __all__ = ["main", "train", "EXIT_PREEMPTED", "build_model_config", "resolve_data"]
 
@@ -237,7 +238,7 @@ class PairCapture:
 
     def __init__(self, tc: dict, run_dir: Path, log=print, window: dict | None = None):
         """``window``: the solver study's ``{start, length}`` for a grid run that captures
-        (:func:`mwm.workflow.runs.capture_window`), used when ``train.capture_sequence`` is unset."""
+        (:func:`mwm.plan.runs.capture_window`), used when ``train.capture_sequence`` is unset."""
         self.at, self.max_iters = tc["capture_pairs_step"], tc["max_iters"]
         self.sequence = tc["capture_sequence"] or window
         self.dir, self.log = run_dir, log
@@ -816,7 +817,7 @@ def train(cfg: dict, assignment: str, seed: int, retraction: str | None = None,
         # Ctrl-C checkpoints too; the caller's handlers come back when the run returns (a bench or a
         # check that trains in its own process must stay stoppable by SIGTERM)
         previous.update({sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)})
-        from mwm.workflow.lock import RunLock, RunLocked
+        from mwm.lock import RunLock, RunLocked
 
         try:  # one process per run folder
             lock = RunLock(run.dir) if run.master else None

@@ -1,2 +1,2 @@
-"""The workflow's bookkeeping: where runs live and whose they are, variant expansion, locks, the
-stage manifest, SLURM site settings, the DVC pipelines and the status table."""
+"""The workflow's bookkeeping: whose results a config name's are, the stage manifest, SLURM site
+settings, the DVC pipelines, the CPU rehearsal and the status table."""

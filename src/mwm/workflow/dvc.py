@@ -32,12 +32,10 @@ from pathlib import Path
 import yaml
 
 from mwm.config import ConfigError, load_config
-from mwm.data import dataset_dir
 from mwm.io import atomic_write_text
-from mwm.setaside import SET_ASIDE_RULE
-from mwm.workflow.paths import leads_out
-from mwm.workflow.runs import RESULTS_ROOT, grid_variants
-from mwm.workflow.stages import REPORT_INPUTS, STAGES, products, rule_file_sections
+from mwm.paths import leads_out
+from mwm.plan.runs import Plan
+from mwm.workflow.stages import REPORT_INPUTS, SET_ASIDE_RULE, STAGES, products, rule_file_sections
 
 __all__ = ["PERSISTENT", "pipeline", "pipelines", "render", "check", "sync", "main"]
 
@@ -73,13 +71,6 @@ _HEADER = ("# DVC pipeline of {config}: dvc repro{target}\n"
 class _Dumper(yaml.SafeDumper):
     def ignore_aliases(self, data):  # each stage spelled out, no YAML anchors
         return True
-
-
-def folders(cfg: dict) -> dict[str, str]:
-    """The folder each kind of product of ``cfg`` lives in."""
-    name = cfg["name"]
-    return {"data": dataset_dir(cfg["data"]).as_posix(), "runs": f"{RESULTS_ROOT}/runs/{name}",
-            "studies": f"{RESULTS_ROOT}/studies/{name}", "figures": f"paper_figures/{name}"}
 
 
 def _module_file(name: str) -> Path | None:
@@ -148,7 +139,8 @@ def pipeline(cfg_path: str, cfg: dict, owned_data: set[str]) -> dict:
     """The pipeline of one config (``cfg``, loaded from ``cfg_path``); ``owned_data``: the data folders
     earlier pipelines track (updated)."""
     raw = yaml.safe_load(Path(cfg_path).read_text()) or {}
-    where = folders(cfg)
+    plan = Plan(cfg)
+    where = plan.folders
     kinds = products(cfg)
     made = [k for k in kinds if not (k == "data" and where["data"] in owned_data)]
     owned_data.add(where["data"])
@@ -173,7 +165,7 @@ def pipeline(cfg_path: str, cfg: dict, owned_data: set[str]) -> dict:
         stages[kind] = stage
     content = {"stages": stages}
     if "runs" in made and with_runs:
-        runs = [f"{where['runs']}/{v}/seed{s}" for v in grid_variants(cfg["grid"]) for s in cfg["grid"]["seeds"]]
+        runs = [plan.path(v, s) for v in plan.variants for s in plan.seeds]
         content["metrics"] = [f"{where['figures']}/{STAGES['report'].file('metrics')}"]
         content["plots"] = [{f"{title} ({cfg['name']})": {"x": "step", "y": {f"{r}/{f}": col for r in runs},
                                                           "template": template}}

@@ -38,14 +38,14 @@ class OwnerError(ConfigError):
 
 
 def owner_path(root: str | Path, name: str) -> Path:
-    from mwm.workflow.paths import inside
+    from mwm.paths import inside
 
     return inside(Path(root) / "runs", name, what="config name") / OWNER_FILE
 
 
 def config_id(config_file: str | Path) -> str:
     """How the record names a config file: relative to the working directory when inside it."""
-    from mwm.workflow.paths import checkout_relative
+    from mwm.paths import checkout_relative
 
     return checkout_relative(config_file)
 

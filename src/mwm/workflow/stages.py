@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-__all__ = ["Stage", "STAGES", "STUDIES", "REPORT_INPUTS", "PRODUCTS", "products", "rule_file_sections", "study_files",
-           "report_category"]
+__all__ = ["Stage", "STAGES", "STUDIES", "REPORT_INPUTS", "PRODUCTS", "SET_ASIDE_RULE", "products",
+           "rule_file_sections", "study_files", "report_category"]
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,9 @@ REPORT_INPUTS = {"full": (STUDIES, True), "solvers": (("solvers",), False), "swe
 #: The kinds of product a config makes, in DAG order; each is a Snakemake target rule (the Snakefile)
 #: and a DVC stage (:mod:`mwm.workflow.dvc`) tracking one folder.
 PRODUCTS = ("data", "runs", "studies", "figures")
+#: The rule that runs ``python -m mwm.setaside`` (``rules/train.smk``): local bookkeeping, no stage of its own;
+#: the runs' DVC stage may run it.
+SET_ASIDE_RULE = "set_aside_foreign_run"
 
 
 def products(cfg: dict) -> tuple[str, ...]:

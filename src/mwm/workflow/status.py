@@ -39,8 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mwm.config import ConfigError, load_config
-from mwm.workflow.runs import (checkpoint_dir, expected_identity, grid_variants, identity_checkable, identity_problem,
-                               run_dir)
+from mwm.plan.runs import Plan, identity_checkable, identity_problem
 from mwm.workflow.stages import REPORT_INPUTS, STAGES as STAGE_FILES, STUDIES
 
 __all__ = ["RunStatus", "run_status", "collect", "format_table", "read_benchmarks", "stage_times", "dag_eta", "main"]
@@ -148,16 +147,15 @@ def run_status(folder: Path, ckpt_folder: Path, max_iters: int, now: float | Non
 
 def collect(cfg: dict, results: Path, now: float | None = None) -> list[RunStatus]:
     out = []
-    if cfg["workflow"]["report"] == "solvers":  # trains nothing beyond the solver study's captures
+    plan = Plan(cfg, results)
+    if not plan.trains:  # nothing beyond the solver study's captures
         return out
-    for variant in grid_variants(cfg["grid"]):
-        for seed in cfg["grid"]["seeds"]:
-            expected = expected_identity(cfg, variant, seed)
-            status, f = run_status(run_dir(results, cfg["name"], variant, seed),
-                                   checkpoint_dir(results, cfg["name"], variant, seed),
-                                   expected["train"]["max_iters"], now, expected)
-            out.append(RunStatus(variant, seed, status, f["step"], f["max_iters"], f["val_loss"], f["ms_per_step"],
-                                 f["onset"], f["updated"], f.get("note")))
+    for run in plan.runs():
+        variant, seed = run.variant, run.seed
+        expected = plan.identity(variant, seed)
+        status, f = run_status(run.dir, run.ckpt_dir, expected["train"]["max_iters"], now, expected)
+        out.append(RunStatus(variant, seed, status, f["step"], f["max_iters"], f["val_loss"], f["ms_per_step"],
+                             f["onset"], f["updated"], f.get("note")))
     return out
 
 

@@ -1,4 +1,4 @@
-"""mwm.config.checks: what a config alone tells, checked before any job.
+"""mwm.plan.checks: what a config alone tells, checked before any job.
 
 n_embd % n_head, a grid.custom pattern matching nothing and a split shorter than block_size
 are refused by the config check, not inside a train job after the data and the studies ran."""
@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mwm.config.checks import check_config, check_splits, min_split_tokens
+from mwm.plan.checks import check_config, check_splits, min_split_tokens
 from mwm.config import ConfigError, load_config
 from fakedata import HAS_SNAKEMAKE, repo_copy, snakemake_in
 
@@ -131,7 +131,7 @@ def test_a_solver_study_reading_the_grid_needs_its_runs_and_window_in_the_grid(t
 
 
 def test_a_sweep_solver_study_captures_the_variant_at_its_rate(tmp_path):
-    from mwm.workflow.runs import capture_variants, capture_window
+    from mwm.plan.runs import capture_variants, capture_window
 
     cfg = load_config(ROOT / "config" / "mechanism.yaml")
     check_config(cfg, "config/mechanism.yaml")
@@ -149,7 +149,7 @@ def test_a_logger_whose_package_is_missing_is_refused_before_any_job(monkeypatch
     import importlib.util
 
     from mwm.config import load_config
-    from mwm.config.checks import check_config
+    from mwm.plan.checks import check_config
 
     cfg = load_config(Path(__file__).resolve().parents[2] / "config" / "ci.yaml")
     cfg["workflow"]["loggers"] = ["dvclive"]

@@ -1,13 +1,13 @@
-"""mwm.workflow.paths: output roots given on the command line."""
+"""mwm.paths: output roots given on the command line."""
 
 import os
 import stat
 
 import pytest
 
-import mwm.workflow.paths as paths
-from mwm.workflow.paths import UnsafePathError
-from mwm.workflow.runs import checkpoint_dir, run_dir
+import mwm.paths as paths
+from mwm.paths import UnsafePathError
+from mwm.plan.runs import checkpoint_dir, run_dir
 
 
 def test_the_filesystem_root_is_no_output_root():
@@ -51,7 +51,7 @@ def test_a_new_or_existing_folder_is_accepted_and_nothing_is_created(tmp_path):
 # -- paths stay inside their parent ----------
 
 def test_inside_refuses_escapes(tmp_path):
-    from mwm.workflow.paths import UnsafePathError, inside
+    from mwm.paths import UnsafePathError, inside
 
     assert inside(tmp_path, "ci", "hetero", "seed0") == tmp_path / "ci" / "hetero" / "seed0"
     for parts in ([".."], ["."], ["ci", ".."], ["a/../.."], ["/etc"], ["ci", ""]):
@@ -88,7 +88,7 @@ def test_a_file_of_the_checkout_is_named_relative_to_it_and_one_outside_absolute
 
 
 def test_leads_out_finds_a_folder_linked_out_of_the_root(tmp_path):
-    from mwm.workflow.paths import leads_out
+    from mwm.paths import leads_out
 
     root, scratch = tmp_path / "repo", tmp_path / "scratch"
     (root / "results").mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""mwm.workflow.lock: one process per run folder. A second process is refused naming the holder, a dead
+"""mwm.lock: one process per run folder. A second process is refused naming the holder, a dead
 holder's lock is taken over, another host's lock only once its heartbeat has stopped."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def test_second_process_on_a_run_is_refused_naming_the_holder(tiny_config, tmp_p
 
 @pytest.mark.slow
 def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path, fake_data, capsys):
-    from mwm.workflow.lock import LOCK_NAME
+    from mwm.lock import LOCK_NAME
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -57,7 +57,7 @@ def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path, fake_data, capsys)
 
 
 def test_lock_of_another_host_is_broken_only_without_heartbeat(tmp_path, capsys):
-    from mwm.workflow.lock import LOCK_NAME, STALE_AFTER_S, RunLock, RunLocked
+    from mwm.lock import LOCK_NAME, STALE_AFTER_S, RunLock, RunLocked
 
     lock_file = tmp_path / LOCK_NAME
     lock_file.write_text(json.dumps({"pid": 1, "host": "elsewhere.example", "token": "x"}))
@@ -80,10 +80,10 @@ def test_lock_of_another_host_is_broken_only_without_heartbeat(tmp_path, capsys)
 # -- the holder's heartbeat ----------
 
 def test_lock_holder_keeps_its_heartbeat(tmp_path, monkeypatch):
-    import mwm.workflow.lock
+    import mwm.lock
 
-    monkeypatch.setattr(mwm.workflow.lock, "HEARTBEAT_S", 0.05)
-    lock = mwm.workflow.lock.RunLock(tmp_path)
+    monkeypatch.setattr(mwm.lock, "HEARTBEAT_S", 0.05)
+    lock = mwm.lock.RunLock(tmp_path)
     old = time.time() - 3600
     os.utime(lock.path, (old, old))
     t0 = time.time()
@@ -97,12 +97,12 @@ def test_lock_holder_keeps_its_heartbeat(tmp_path, monkeypatch):
 def test_a_slurm_job_s_lock_is_taken_over_once_its_job_is_gone(tmp_path, monkeypatch, capsys, case):
     """A retry on another node need not wait STALE_AFTER_S after a hard kill: a lock whose SLURM job
     squeue no longer runs, or is this job requeued, or whose heartbeat missed three beats, is stale."""
-    import mwm.workflow.lock
-    from mwm.workflow.lock import LOCK_NAME, SLURM_STALE_AFTER_S, RunLock, RunLocked
+    import mwm.lock
+    from mwm.lock import LOCK_NAME, SLURM_STALE_AFTER_S, RunLock, RunLocked
 
     monkeypatch.setenv("SLURM_JOB_ID", "2002")
     states = {"gone": "", "ended": "COMPLETED", "this job": "RUNNING", "silent": None, "running": "RUNNING"}
-    monkeypatch.setattr(mwm.workflow.lock, "slurm_job_state", lambda job: states[case])
+    monkeypatch.setattr(mwm.lock, "slurm_job_state", lambda job: states[case])
     lock_file = tmp_path / LOCK_NAME
     job = "2002" if case == "this job" else "1001"
     lock_file.write_text(json.dumps({"pid": 1, "host": "node7.example", "token": "x", "slurm_job": job}))
@@ -122,7 +122,7 @@ def test_a_slurm_job_s_lock_is_taken_over_once_its_job_is_gone(tmp_path, monkeyp
 
 
 def test_slurm_job_state_reads_squeue(tmp_path, monkeypatch):
-    from mwm.workflow.lock import slurm_job_state
+    from mwm.lock import slurm_job_state
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

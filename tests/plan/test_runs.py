@@ -1,4 +1,4 @@
-"""mwm.workflow.runs: a run's identity, and how a summary is compared with the config's own run."""
+"""mwm.plan.runs: a run's identity, and how a summary is compared with the config's own run."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from mwm.config import config_hash, load_config
-from mwm.workflow.runs import config_run_identity, expected_identity, identity_diff, identity_problem
+from mwm.plan.runs import config_run_identity, expected_identity, identity_diff, identity_problem
 
 
 def _cfg(tiny_config, **over):
@@ -154,7 +154,7 @@ def test_snakemake_retrains_a_finished_run_that_is_not_the_configs(tmp_path):
 
 
 def test_capture_window_names_the_grid_runs_the_solver_study_reads(tiny_config):
-    from mwm.workflow.runs import capture_window
+    from mwm.plan.runs import capture_window
 
     cfg = load_config(tiny_config(grid__assignments=["none", "stiefel", "dgram"],
                                   grid__seeds=[0, 1]))
@@ -187,7 +187,7 @@ def test_a_new_train_key_without_default_leaves_finished_runs_their_own():
     import yaml
 
     from mwm.config import load_config
-    from mwm.workflow.runs import config_run_identity, identity_problem
+    from mwm.plan.runs import config_run_identity, identity_problem
 
     schema = yaml.safe_load((Path(__file__).resolve().parents[2] / "src" / "mwm" / "config" / "schema" / "train.yaml")
                             .read_text())["properties"]
@@ -204,32 +204,3 @@ def test_a_new_train_key_without_default_leaves_finished_runs_their_own():
     with_default = {**recorded, "train": {**recorded["train"], "new_key": 1}}
     problem = identity_problem({"identity": recorded, "numerics": recorded["numerics"]}, with_default)
     assert problem is not None and "train.new_key: run (not recorded), config 1" in problem
-
-
-def test_a_run_folder_holds_what_its_checkpoint_recorded_and_nothing_less(tmp_path):
-    from mwm.workflow.runs import RunFolder
-
-    f = RunFolder(tmp_path, "c", "none", 0)
-    f.dir.mkdir(parents=True)
-    (f.dir / "metrics.csv").write_text("step,x\n" + "".join(f"{i},1.0\n" for i in range(6)))
-    (f.dir / "eval.csv").write_text("step,val\n0,5\n4,4\n")
-    (f.dir / "spectra").mkdir()
-    for s in (0, 4):
-        (f.dir / "spectra" / f"step_{s:06d}.npz").write_bytes(b"x")
-    ext = f.extent(4)
-    assert ext["metrics.csv"] == 4 and ext["eval.csv"] == 1 and ext["spectra"] == ["step_000000.npz"]
-    assert ext["solver.csv"] is None and ext["pairs.npz"] is False
-    assert f.holds(4, ext)
-    (f.dir / "metrics.csv").write_text((f.dir / "metrics.csv").read_text() + "7,1.")  # a torn last row
-    assert f.holds(4, ext)
-    rows = (f.dir / "metrics.csv").read_text().splitlines()
-    (f.dir / "metrics.csv").write_text("\n".join([rows[0], rows[1], *rows[1:]]) + "\n")  # step 0 twice
-    assert not f.holds(4, ext)
-    (f.dir / "metrics.csv").write_text("step,x\n" + "".join(f"{i},1.0\n" for i in range(6)))
-    (f.dir / "spectra" / "step_000000.npz").unlink()
-    assert not f.holds(4, ext)
-    (f.dir / "spectra" / "step_000000.npz").write_bytes(b"x")
-    (f.dir / "eval.csv").write_text("step,val\nx,5\n")  # a step that is no integer: cannot be continued
-    assert not f.holds(4, ext)
-    # an older checkpoint records no extent: metrics.csv must reach its step
-    assert f.holds(4, None) and not f.holds(9, None)

@@ -5,7 +5,7 @@ pattern onto the model's hidden-matrix names (:mod:`mwm.config.layout`: torch-fr
 ``n_embd`` must divide by ``n_head``, and every pattern must match a hidden matrix; with
 ``studies.solvers.source: grid`` the captured runs must be in the grid and their window
 inside their training; a learning-rate sweep and its intervention agree with the rest
-(:func:`mwm.workflow.variants.check_sweep`). ``rules/common.smk`` calls it when Snakemake loads the
+(:func:`mwm.plan.variants.check_sweep`). ``rules/common.smk`` calls it when Snakemake loads the
 workflow, ``mwm.train`` before it reads any data.
 
 :func:`check_splits` (in :mod:`mwm.data.splits`, so the data stage needs no training code)
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from mwm.config import ConfigError
 from mwm.data.splits import check_splits, min_split_tokens
-from mwm.workflow.variants import check_sweep
+from mwm.plan.variants import check_sweep
 
 __all__ = ["check_config", "check_run", "check_loggers", "check_splits", "min_split_tokens"]
 
@@ -59,7 +59,7 @@ def check_run(cfg: dict, assignment: str, source: str | None = None) -> None:
     The grid-wide checks (the solver study's capture window, the sweep) are :func:`check_config`'s."""
     from mwm.config.layout import check_dims, hidden_matrix_names, model_shape
     from mwm.optim.vocab import match_patterns
-    from mwm.workflow.variants import assignment_spec
+    from mwm.plan.variants import assignment_spec
 
     where = _source(cfg, source)
     m = cfg["model"]
@@ -80,7 +80,7 @@ def check_run(cfg: dict, assignment: str, source: str | None = None) -> None:
 def _check_grid_capture(cfg: dict, where: str) -> None:
     """``studies.solvers.source: grid``: the captured runs are in the grid, and their window
     lies inside each one's training (``max_iters`` with its grid.train_overrides)."""
-    from mwm.workflow.runs import capture_variants, grid_variants, run_config
+    from mwm.plan.runs import capture_variants, grid_variants, run_config
 
     sec = cfg["studies"]["solvers"]
     grid = cfg["grid"]

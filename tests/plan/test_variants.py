@@ -1,4 +1,4 @@
-"""mwm.workflow.variants: a learning-rate sweep expands into one variant per (assignment, rate), each trained
+"""mwm.plan.variants: a learning-rate sweep expands into one variant per (assignment, rate), each trained
 with its assignment's settings and its rate; the intervention pairs are checked before any job."""
 
 import copy
@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from mwm.config.checks import check_config
+from mwm.plan.checks import check_config
 from mwm.config import ConfigError, load_config, validate
-from mwm.workflow.runs import config_run_identity, grid_variants, run_config
-from mwm.workflow.variants import assignment_spec
-from mwm.workflow.variants import (intervention_keys, intervention_label, rate_label, sweep_overrides, sweep_points,
+from mwm.plan.runs import config_run_identity, grid_variants, run_config
+from mwm.plan.variants import assignment_spec
+from mwm.plan.variants import (intervention_keys, intervention_label, rate_label, sweep_overrides, sweep_points,
                                    sweep_variant)
 
 ROOT = Path(__file__).resolve().parents[2]
