@@ -16,7 +16,7 @@ from mwm.numerics import VERSION as NUMERICS
 from mwm.workflow.owner import check_owner, claim
 from mwm.workflow.dvc import PERSISTENT
 from mwm.paths import CONFIG_ENV, checkout_relative, first_on_pythonpath, inside, leads_out
-from mwm.plan.runs import RESULTS_ROOT, RUN_FILES, Plan, check_grid
+from mwm.plan.runs import CONFIG_KINDS, RESULTS_ROOT, RUN_FILES, Plan, check_grid, config_dir
 from mwm.workflow import stages
 from mwm.workflow.site import site_resources
 from mwm.setaside import RETRAIN_FOLDER, SET_ASIDE_RULE, foreign_problem, foreign_root, next_marker, retrain_markers
@@ -92,8 +92,9 @@ if not IN_JOB:
     os.environ[PLANNED_ENV] = planned_stamp(CONFIG_FILE, CFG)
 NAME = CFG["name"]
 try:  # the schema already refuses such names; a path from the config never leaves its parent
-    for _parent in ("results/runs", "results/studies", "results/checkpoints", "logs", "paper_figures"):
-        inside(_parent, NAME, what=f"config name (in {_parent})")
+    for _kind in CONFIG_KINDS:
+        config_dir(_kind, NAME)
+    inside("logs", NAME, what="config name (in logs)")
 except ConfigError as exc:
     raise WorkflowError(str(exc))
 PLAN = Plan(CFG)  # the runs the config makes, their settings and folders (mwm.plan.runs)

@@ -34,7 +34,7 @@ from pathlib import Path
 from mwm.config import ConfigError
 from mwm.paths import inside
 from mwm.workflow.stages import SET_ASIDE_RULE
-from mwm.plan.runs import HAND_FOLDER, RESULTS_ROOT, Plan
+from mwm.plan.runs import HAND_FOLDER, RESULTS_ROOT, Plan, config_dir
 
 __all__ = ["RETRAIN_FOLDER", "FOREIGN_FOLDER", "SET_ASIDE_RULE", "RECORD_FILE", "retrain_dir", "retrain_markers",
            "next_marker", "foreign_root", "foreign_problem", "set_aside", "main"]
@@ -51,7 +51,7 @@ _MARKER = re.compile(r"^([1-9][0-9]*)\.json$")
 
 def retrain_dir(root: str | Path, name: str, variant: str, seed: int | str) -> Path:
     """``<root>/runs/<name>/.retrain/<variant>/seed<seed>``: where the markers of that run live."""
-    base = inside(Path(root) / "runs", name, what="config name (in runs)") / RETRAIN_FOLDER
+    base = config_dir("runs", name, root) / RETRAIN_FOLDER
     return inside(base, variant, f"seed{seed}", what="retrain marker folder (variant/seed)")
 
 

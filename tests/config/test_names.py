@@ -23,7 +23,7 @@ from mwm.train.launch import ranks_per_run
 from mwm.config.names import UNCONSTRAINED
 from mwm.numerics import VERSION
 from mwm.paths import checkout_relative, first_on_pythonpath, inside, leads_out
-from mwm.plan.runs import RUN_FILES, Plan, check_grid
+from mwm.plan.runs import RUN_FILES, Plan, check_grid, config_dir
 from mwm.setaside import foreign_problem, foreign_root, next_marker, retrain_markers
 from mwm.workflow.site import site_resources
 from mwm.plan.checks import check_config, check_splits
@@ -46,6 +46,7 @@ retrain_markers("/nonexistent", cfg["name"], "none", "0")
 next_marker("/nonexistent", cfg["name"], "none", "0")
 planned_stamp("config/ci.yaml", cfg)
 plan.path()
+config_dir("runs", cfg["name"])
 leads_out("data/x/train.bin")
 site_resources(1, {"MWM_SLURM_GPU_PARTITION": "gpu"})
 print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))

@@ -204,3 +204,50 @@ def test_a_new_train_key_without_default_leaves_finished_runs_their_own():
     with_default = {**recorded, "train": {**recorded["train"], "new_key": 1}}
     problem = identity_problem({"identity": recorded, "numerics": recorded["numerics"]}, with_default)
     assert problem is not None and "train.new_key: run (not recorded), config 1" in problem
+
+
+def test_the_plan_is_the_functions_it_is_built_of(tiny_config):
+    """A Plan names the same runs, configs, identities and folders as the functions each consumer used to
+    call one by one, for the ablation's variants and a variant with its own overrides."""
+    from mwm.plan.runs import Plan, checkpoint_dir, grid_variants, run_config, run_dir
+
+    cfg = _cfg(tiny_config, grid__assignments=["none", "dgram", "hetero"], grid__seeds=[0, 3],
+               grid__retraction_ablation=True, grid__train_overrides={"hetero": {"learning_rate": 0.5}})
+    plan = Plan(cfg, "out")
+    assert plan.variants == tuple(grid_variants(cfg["grid"])) and "hetero-colnorm" in plan.variants
+    assert [(r.variant, r.seed) for r in plan.runs()] == [(v, s) for v in plan.variants for s in (0, 3)]
+    for run in plan.runs():
+        assert run.dir == run_dir("out", "tiny", run.variant, run.seed) == Path(plan.path(run.variant, run.seed))
+        assert run.ckpt_dir == checkpoint_dir("out", "tiny", run.variant, run.seed)
+        assert plan.identity(run.variant, run.seed) == expected_identity(cfg, run.variant, run.seed)
+        assert plan.train(run.variant) == run_config(cfg, run.assignment)["train"]
+    assert plan.run("hetero-colnorm", 0).retraction == "colnorm" and plan.run("hetero", 0).assignment == "hetero"
+    assert plan.train("hetero")["learning_rate"] == 0.5 != plan.train("none")["learning_rate"]
+    assert plan.config("hetero") is plan.config("hetero-colnorm")  # one validated config per assignment
+    assert plan.folders["runs"] == "out/runs/tiny" and plan.folders["figures"] == "paper_figures/tiny"
+    assert plan.path() == "out/runs/tiny/{variant}/seed{seed}"  # the rules' wildcard pattern
+
+
+def test_a_plan_reads_a_summary_as_the_identity_functions_do(tiny_config):
+    from mwm.plan.runs import Plan
+
+    cfg = _cfg(tiny_config, grid__assignments=["none", "dgram"])
+    plan = Plan(cfg)
+    own = {"identity": expected_identity(cfg, "dgram", 0), "numerics": expected_identity(cfg, "dgram", 0)["numerics"]}
+    assert plan.problem(own, "dgram", 0) is None
+    assert "seed: run 0, config 1" in plan.problem(own, "dgram", 1)
+    assert plan.problem(own, "none", 0) == identity_problem(own, expected_identity(cfg, "none", 0))
+
+
+@pytest.mark.parametrize("name", ["..", ".hidden", "a/b"])
+def test_no_product_folder_leaves_its_parent(name):
+    from mwm.paths import UnsafePathError
+    from mwm.plan.runs import CONFIG_KINDS, config_dir, run_dir
+
+    for kind in CONFIG_KINDS:
+        with pytest.raises(UnsafePathError, match="config name"):
+            config_dir(kind, name)
+    with pytest.raises(UnsafePathError):
+        run_dir("results", "ok", name, 0)
+    with pytest.raises(ValueError, match="unknown kind of product 'logs'"):
+        config_dir("logs", "ok")

@@ -24,7 +24,8 @@ from mwm.numerics import VERSION, version_problem
 from mwm.paths import inside
 from mwm.plan.variants import assignment_spec, sweep_overrides, sweep_points, sweep_variant, sweep_variants
 
-__all__ = ["Plan", "Run", "folders", "run_path", "RUN_FILES", "capture_variants", "capture_window", "run_dir",
+__all__ = ["Plan", "Run", "folders", "run_path", "config_dir", "FIGURES_ROOT", "CONFIG_KINDS",
+           "RUN_FILES", "capture_variants", "capture_window", "run_dir",
            "checkpoint_dir", "grid_variants", "check_grid", "run_config", "run_identity", "config_run_identity",
            "expected_identity", "identity_diff", "identity_problem", "identity_checkable", "RESULTS_ROOT",
            "HAND_FOLDER"]
@@ -36,6 +37,11 @@ SOLVER_TRAIN_KEYS = tuple(k for keys in SOLVER_KEYS.values() for k in keys)
 RESULTS_ROOT = "results"
 #: Under :data:`RESULTS_ROOT`: the roots of hand runs whose overrides change the run (``hand/<hash>/runs/...``).
 HAND_FOLDER = "hand"
+
+#: The report's root, beside the checkout's data/ and results/: ``paper_figures/<config>/``.
+FIGURES_ROOT = "paper_figures"
+#: The kinds of product a config keeps in a folder of its name (:func:`config_dir`).
+CONFIG_KINDS = ("runs", "checkpoints", "studies", "figures")
 
 #: The files every finished run has (what the workflow declares as outputs).
 RUN_FILES = ("summary.json", "metrics.csv", "eval.csv", "spectral.csv", "attention.csv", "solver.csv")
@@ -183,15 +189,25 @@ def identity_problem(summary: dict, expected: dict) -> str | None:
     return None
 
 
-def run_dir(root: str | Path, config_name: str, variant: str, seed: int) -> Path:
+def config_dir(kind: str, config_name: str, root: str | Path = RESULTS_ROOT,
+               figures_root: str | Path = FIGURES_ROOT) -> Path:
+    """The folder of a config's products of ``kind``: ``<root>/<kind>/<name>`` for its runs, checkpoints
+    and studies, ``<figures_root>/<name>`` for its figures; the name checked to stay inside the parent."""
+    if kind not in CONFIG_KINDS:
+        raise ValueError(f"unknown kind of product {kind!r}; choose one of {', '.join(CONFIG_KINDS)}")
+    parent = Path(figures_root) if kind == "figures" else Path(root) / kind
+    return inside(parent, config_name, what=f"config name (in {parent.as_posix()})")
 
-    return inside(Path(root) / "runs", config_name, variant, f"seed{seed}", what="run folder (name/variant/seed)")
+
+def run_dir(root: str | Path, config_name: str, variant: str, seed: int) -> Path:
+    """Where the run of ``variant`` and ``seed`` lives (its variant and seed checked as folder names)."""
+    return inside(config_dir("runs", config_name, root), variant, f"seed{seed}", what="run folder (variant/seed)")
 
 
 def checkpoint_dir(root: str | Path, config_name: str, variant: str, seed: int) -> Path:
-
-    return inside(Path(root) / "checkpoints", config_name, variant, f"seed{seed}",
-                  what="checkpoint folder (name/variant/seed)")
+    """Where the run's checkpoint and the copy of its logs live, beside the run folder."""
+    return inside(config_dir("checkpoints", config_name, root), variant, f"seed{seed}",
+                  what="checkpoint folder (variant/seed)")
 
 
 def grid_variants(grid: dict) -> list[str]:
@@ -210,10 +226,8 @@ def grid_variants(grid: dict) -> list[str]:
 def folders(cfg: dict, root: str | Path = RESULTS_ROOT) -> dict[str, str]:
     """The folder each kind of product of ``cfg`` lives in (:data:`mwm.workflow.stages.PRODUCTS`): its
     data, runs, studies and figures; the results kinds under ``root``."""
-    name = cfg["name"]
-    root = Path(root).as_posix()
-    return {"data": dataset_dir(cfg["data"]).as_posix(), "runs": f"{root}/runs/{name}",
-            "studies": f"{root}/studies/{name}", "figures": f"paper_figures/{name}"}
+    return {"data": dataset_dir(cfg["data"]).as_posix(),
+            **{kind: config_dir(kind, cfg["name"], root).as_posix() for kind in ("runs", "studies", "figures")}}
 
 
 def run_path(runs: str, variant: object = "{variant}", seed: object = "{seed}") -> str:

@@ -20,8 +20,7 @@ from pathlib import Path
 from mwm.config import ConfigError, load_config
 from mwm.errors import write_failure
 from mwm.workflow.owner import check_owner
-from mwm.paths import inside
-from mwm.plan.runs import check_grid
+from mwm.plan.runs import check_grid, config_dir
 from mwm.report.ledger import (build_ledger, build_mechanism2_ledger, build_mechanism_ledger, build_sweep_ledger,
                                write_ledger)
 from mwm.report.load import ReportError, load_runs
@@ -34,7 +33,7 @@ from mwm.report.training import training_report, write_run_metrics
 
 
 def build(cfg: dict, results: Path, out: Path) -> Path:
-    folder = inside(results / "studies", cfg["name"], what="config name")
+    folder = config_dir("studies", cfg["name"], results)
     if cfg["workflow"]["report"] == "solvers":  # a config that measures the inner solvers alone
         solver_study_report(load_studies(folder, required=SOLVER_STUDY_FILES, cfg=cfg), out)
         return out
@@ -71,7 +70,7 @@ def main(argv=None) -> int:
         cfg = load_config(args.config)
         check_grid(cfg["grid"])
         check_owner(args.results, cfg, args.config)  # a copied config keeping the name is refused
-        out = Path(args.out) if args.out else inside("paper_figures", cfg["name"], what="config name")
+        out = Path(args.out) if args.out else config_dir("figures", cfg["name"])
         build(cfg, Path(args.results), out)
     except (ConfigError, ReportError) as exc:
         print(f"error: {exc}", file=sys.stderr)

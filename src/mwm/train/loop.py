@@ -64,7 +64,7 @@ from mwm.train.manipulation import run_checks
 from mwm.workflow.owner import claim
 from mwm.paths import check_out_root, inside
 from mwm.train.folder import RunFolder
-from mwm.plan.runs import (HAND_FOLDER, RESULTS_ROOT, capture_window, check_grid, config_run_identity,
+from mwm.plan.runs import (HAND_FOLDER, RESULTS_ROOT, capture_window, config_dir, check_grid, config_run_identity,
                    identity_diff, run_config, run_identity)
 from mwm.train.schedule import learning_rates
 from mwm.plan.variants import assignment_spec
@@ -948,12 +948,12 @@ def out_root(args, base: dict, cfg: dict, assignment: str, retraction: str | Non
         root = inside(Path(RESULTS_ROOT) / HAND_FOLDER, config_hash(cfg), what="hand-run folder")
         atomic_write_json(root / "overrides.json", {"config_file": args.config, "overrides": list(args.overrides)})
         print(f"{what}: it is not config {cfg['name']!r}'s run, so it goes to {root} "
-              f"({RESULTS_ROOT}/runs/{cfg['name']}/ holds the config's own runs)", flush=True)
+              f"({config_dir('runs', cfg['name']).as_posix()}/ holds the config's own runs)", flush=True)
         return root
     if os.path.abspath(args.out) == os.path.abspath(RESULTS_ROOT):
         raise ConfigError(f"{what}: it is not config {cfg['name']!r}'s run (from {args.config}) and would replace "
-                          f"that run in {RESULTS_ROOT}/runs/{cfg['name']}/; leave out --out (it then goes to "
-                          f"{RESULTS_ROOT}/{HAND_FOLDER}/<hash>/), give another --out, or put the settings in the "
+                          f"that run in {config_dir('runs', cfg['name']).as_posix()}/; leave out --out (it then goes "
+                          f"to {RESULTS_ROOT}/{HAND_FOLDER}/<hash>/), give another --out, or put the settings in the "
                           f"config (or a new config with its own name)")
     return Path(args.out)
 

@@ -38,9 +38,9 @@ class OwnerError(ConfigError):
 
 
 def owner_path(root: str | Path, name: str) -> Path:
-    from mwm.paths import inside
+    from mwm.plan.runs import config_dir
 
-    return inside(Path(root) / "runs", name, what="config name") / OWNER_FILE
+    return config_dir("runs", name, root) / OWNER_FILE
 
 
 def config_id(config_file: str | Path) -> str:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mwm.config import ConfigError, load_config
-from mwm.plan.runs import Plan, identity_checkable, identity_problem
+from mwm.plan.runs import FIGURES_ROOT, Plan, config_dir, identity_checkable, identity_problem
 from mwm.workflow.stages import REPORT_INPUTS, STAGES as STAGE_FILES, STUDIES
 
 __all__ = ["RunStatus", "run_status", "collect", "format_table", "read_benchmarks", "stage_times", "dag_eta", "main"]
@@ -194,7 +194,7 @@ def products(cfg: dict, results: Path, figures: Path, now: float | None = None) 
     """(what, status, where, updated) of the studies and the report."""
     now = time.time() if now is None else now
     rows = []
-    studies = results / "studies" / cfg["name"]
+    studies = config_dir("studies", cfg["name"], results)
     made = REPORT_INPUTS[cfg["workflow"]["report"]][0]  # the studies this config's report reads
     for name, marker in STUDY_MARKERS.items():
         if name not in made:
@@ -202,7 +202,7 @@ def products(cfg: dict, results: Path, figures: Path, now: float | None = None) 
         p = studies / marker
         rows.append([f"study {name}", "completed" if p.exists() else "pending", str(p),
                      f"{_duration(now - p.stat().st_mtime)} ago" if p.exists() else "-"])
-    report = figures / cfg["name"]
+    report = config_dir("figures", cfg["name"], figures_root=figures)
     for what, p in (("report", report / "ledger.md"), ("html report", report / "report.html")):
         rows.append([what, "completed" if p.exists() else "pending", str(p),
                      f"{_duration(now - p.stat().st_mtime)} ago" if p.exists() else "-"])
@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
                                             "(reads only the run folders)")
     p.add_argument("--config", default="config/config.yaml", help="config file (default: %(default)s)")
     p.add_argument("--results", default="results", help="results folder (default: %(default)s)")
-    p.add_argument("--figures", default="paper_figures", help="report folder (default: %(default)s)")
+    p.add_argument("--figures", default=FIGURES_ROOT, help="report folder (default: %(default)s)")
     p.add_argument("--logs", default="logs", help="logs folder, with benchmarks/ per config (default: %(default)s)")
     p.add_argument("--jobs", type=int, default=None,
                    help="jobs the DAG runs at once, for the ETA (default: the runs running now, at least 1)")
@@ -328,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     counts = {s: sum(r.status == s for r in runs) for s in dict.fromkeys(r.status for r in runs)}
     print(f"config {cfg['name']} ({a.config}): {len(runs)} runs, "
           + ", ".join(f"{n} {s}" for s, n in counts.items()))
-    found = Path(a.results) / "runs" / cfg["name"]
+    found = config_dir("runs", cfg["name"], a.results)
     if not found.is_dir():  # run from another folder, or before any run: say so, not just "pending"
         print(f"no results found: {found} does not exist here ({Path.cwd()}); run from the repository root "
               "or pass --results")
