@@ -153,6 +153,48 @@ def test_a_schema_default_comes_from_mwm_names_once():
             config._vocab({"x": {"$default": bad}}, "train.yaml")
 
 
+
+def test_a_setting_two_sections_share_is_spelled_once():
+    """``$same: section.key`` copies that key's schema: the growth audit's schedule is train's, so its
+    defaults and bounds cannot drift from the released train.py's."""
+    schema = load_schema()["properties"]
+    schedule = schema["studies"]["properties"]["audits"]["properties"]["growth"]["properties"]["schedule"]
+    train = schema["train"]["properties"]
+    for key, node in schedule["properties"].items():
+        assert node == train[key], key
+    assert config.defaults("studies")["audits"]["growth"]["schedule"] == {
+        k: config.defaults("train")[k] for k in schedule["properties"]}
+    props = {"train": {"properties": {"a": {"type": "integer", "default": 3}}}}
+    assert config._same({"x": {"$same": "train.a", "description": "d"}}, props, "s.yaml") == {
+        "x": {"type": "integer", "default": 3, "description": "d"}}
+    for bad in ("train.b", "nope.a", "train"):
+        with pytest.raises(ConfigError, match=rf"schema s.yaml: \$same '{bad}' is not a key"):
+            config._same({"x": {"$same": bad}}, props, "s.yaml")
+
+
+def test_every_schema_node_holds_only_schema_keywords():
+    """A flow mapping's unquoted description with a comma (``{description: a, b}``) splits into a key ``b``
+    that jsonschema ignores: the description is cut and a stray keyword sits in the schema."""
+    from jsonschema import Draft202012Validator
+
+    known = set(Draft202012Validator.VALIDATORS) | {"$schema", "description", "default", "title", "examples"}
+
+    def stray(node, where):
+        if isinstance(node, list):
+            return [s for i, v in enumerate(node) for s in stray(v, f"{where}[{i}]")]
+        if not isinstance(node, dict):
+            return []
+        out = [f"{where}: {k!r}" for k in node if k not in known]
+        for k, v in node.items():
+            if k in ("properties", "patternProperties", "$defs"):
+                out += [s for name, sub in v.items() for s in stray(sub, f"{where}.{name}")]
+            elif k not in ("default", "examples", "enum", "const"):
+                out += stray(v, where)
+        return out
+
+    assert not stray(load_schema(), "schema"), stray(load_schema(), "schema")
+
+
 # -- config names and numbers ----------
 
 @pytest.mark.parametrize("name", ["..", ".", ".hidden", "-rf", "a/b", "a b", ""])

@@ -265,11 +265,33 @@ def _named_default(ref: str, where: str) -> Any:
     return value
 
 
+def _same(node: Any, props: dict, where: str) -> Any:
+    """``node`` with every ``$same: section.key`` replaced by that key's schema (type, bounds, default) in the
+    composed ``props``, its own other entries (a description) kept: a setting another section shares is
+    spelled once, where it belongs."""
+    if isinstance(node, list):
+        return [_same(v, props, where) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _same(v, props, where) for k, v in node.items() if k != "$same"}
+    if "$same" in node:
+        ref = str(node["$same"])
+        target: Any = {"properties": props}
+        for part in ref.split("."):
+            target = (target.get("properties") or {}).get(part) if isinstance(target, dict) else None
+        if "." not in ref or not isinstance(target, dict) or "$same" in json.dumps(target):
+            raise ConfigError(f"schema {where}: $same {ref!r} is not a key of another section's schema "
+                              "(section.key, itself no $same)")
+        out = {**copy.deepcopy(target), **out}
+    return out
+
+
 def _compose_schema() -> dict:
     props = {}
     for path in sorted(SCHEMA_DIR.glob("*.yaml")):
         with open(path) as fh:
             props[path.stem] = _vocab(yaml.safe_load(fh), path.name)
+    props = {section: _same(node, props, f"{section}.yaml") for section, node in props.items()}
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "type": "object",
