@@ -171,7 +171,8 @@ def test_alpha_cli_help_and_run(tmp_path, capsys):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("studies:\n  device: cpu\n  alpha:\n    manifolds: [oblique]\n")
     rc = alpha.main(["--config", str(cfg), "--out", str(tmp_path / "o"), "studies.alpha.sizes=[8]",
-                     "studies.alpha.seeds=1", "studies.alpha.iterations=5", "studies.alpha.alpha_grid.num=2"])
+                     "studies.alpha.seeds=1", "studies.alpha.iterations=5", "studies.alpha.alpha_grid.num=2",
+                     "studies.alpha.compare_sizes=[8]", "studies.alpha.tall_sizes=[8]"])
     assert rc == 0
     d = json.loads((tmp_path / "o" / "alpha_derived.json").read_text())
     assert d["manifolds"]["oblique"]["fit"]["exponent"] is None  # one size: no fit, with a reason
