@@ -251,3 +251,12 @@ def test_no_product_folder_leaves_its_parent(name):
         run_dir("results", "ok", name, 0)
     with pytest.raises(ValueError, match="unknown kind of product 'logs'"):
         config_dir("logs", "ok")
+
+
+def test_hand_runs_of_the_same_overrides_share_one_root(tiny_config):
+    from mwm.plan.runs import HAND_FOLDER, hand_root
+
+    path = tiny_config()
+    a, b = load_config(path, ["train.learning_rate=0.02"]), load_config(path, ["train.learning_rate=0.03"])
+    assert hand_root(a) == hand_root(load_config(path, ["train.learning_rate=0.02"])) != hand_root(b)
+    assert hand_root(a, "out") == Path("out") / HAND_FOLDER / config_hash(a)

@@ -24,7 +24,7 @@ from mwm.numerics import VERSION, version_problem
 from mwm.paths import inside
 from mwm.plan.variants import assignment_spec, sweep_overrides, sweep_points, sweep_variant, sweep_variants
 
-__all__ = ["Plan", "Run", "folders", "run_path", "config_dir", "FIGURES_ROOT", "CONFIG_KINDS",
+__all__ = ["Plan", "Run", "folders", "run_path", "config_dir", "hand_root", "FIGURES_ROOT", "CONFIG_KINDS",
            "RUN_FILES", "capture_variants", "capture_window", "run_dir",
            "checkpoint_dir", "grid_variants", "check_grid", "run_config", "run_identity", "config_run_identity",
            "expected_identity", "identity_diff", "identity_problem", "identity_checkable", "RESULTS_ROOT",
@@ -197,6 +197,12 @@ def config_dir(kind: str, config_name: str, root: str | Path = RESULTS_ROOT,
         raise ValueError(f"unknown kind of product {kind!r}; choose one of {', '.join(CONFIG_KINDS)}")
     parent = Path(figures_root) if kind == "figures" else Path(root) / kind
     return inside(parent, config_name, what=f"config name (in {parent.as_posix()})")
+
+
+def hand_root(run_cfg: dict, root: str | Path = RESULTS_ROOT) -> Path:
+    """The results root of hand runs whose overrides make ``run_cfg`` (the overridden config) other than its
+    config's: ``<root>/hand/<its config hash>``, one root for every run of the same overrides."""
+    return inside(Path(root) / HAND_FOLDER, config_hash(run_cfg), what="hand-run folder")
 
 
 def run_dir(root: str | Path, config_name: str, variant: str, seed: int) -> Path:

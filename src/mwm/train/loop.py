@@ -62,10 +62,10 @@ from mwm.config.names import RETRACTIONS, parse_variant, uses_dgram, variant_nam
 from mwm.optim.quality import QUALITY_COLUMNS, quality_rows
 from mwm.train.manipulation import run_checks
 from mwm.workflow.owner import claim
-from mwm.paths import check_out_root, inside
+from mwm.paths import check_out_root
 from mwm.train.folder import RunFolder
 from mwm.plan.runs import (HAND_FOLDER, RESULTS_ROOT, capture_window, config_dir, check_grid, config_run_identity,
-                   identity_diff, run_config, run_identity)
+                           hand_root, identity_diff, run_config, run_identity)
 from mwm.train.schedule import learning_rates
 from mwm.plan.variants import assignment_spec
 
@@ -945,7 +945,7 @@ def out_root(args, base: dict, cfg: dict, assignment: str, retraction: str | Non
         return Path(args.out or RESULTS_ROOT)
     what = f"overrides {' '.join(args.overrides)} change the run ({'; '.join(diff)})"
     if args.out is None:
-        root = inside(Path(RESULTS_ROOT) / HAND_FOLDER, config_hash(cfg), what="hand-run folder")
+        root = hand_root(cfg)
         atomic_write_json(root / "overrides.json", {"config_file": args.config, "overrides": list(args.overrides)})
         print(f"{what}: it is not config {cfg['name']!r}'s run, so it goes to {root} "
               f"({config_dir('runs', cfg['name']).as_posix()}/ holds the config's own runs)", flush=True)
