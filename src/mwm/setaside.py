@@ -134,7 +134,8 @@ def set_aside(cfg: dict, config_file: str, variant: str, seed: int, marker: str 
     if variant not in plan.variants or seed not in plan.seeds:
         raise ConfigError(f"{variant} seed {seed} is not a run of config {name!r} ({config_file}): its grid trains "
                           f"{', '.join(plan.variants)} at seeds {list(plan.seeds)}")
-    run = plan.run(variant, seed).dir
+    target = plan.run(variant, seed)
+    run = target.dir
     folder = retrain_dir(root, name, variant, seed)
     marker = Path(marker)
     if os.path.abspath(marker.parent) != os.path.abspath(folder) or not _MARKER.match(marker.name):
@@ -165,7 +166,7 @@ def set_aside(cfg: dict, config_file: str, variant: str, seed: int, marker: str 
                 moved = dest / LOCK_NAME
                 if (RunLock._read(moved) or {}).get("token") == token:
                     moved.unlink(missing_ok=True)
-        ckpt = plan.run(variant, seed).ckpt_dir
+        ckpt = target.ckpt_dir
         if ckpt.is_dir() and any(ckpt.iterdir()):
             _move(ckpt, dest / "checkpoint")
         record.update(moved_to=dest.as_posix(), why=problem)

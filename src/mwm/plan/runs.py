@@ -27,8 +27,8 @@ from mwm.plan.variants import assignment_spec, sweep_overrides, sweep_points, sw
 __all__ = ["Plan", "Run", "folders", "run_path", "config_dir", "hand_root", "FIGURES_ROOT", "CONFIG_KINDS",
            "RUN_FILES", "capture_variants", "capture_window", "run_dir",
            "checkpoint_dir", "grid_variants", "check_grid", "run_config", "run_identity", "config_run_identity",
-           "expected_identity", "identity_diff", "identity_problem", "identity_checkable", "RESULTS_ROOT",
-           "HAND_FOLDER"]
+           "variant_retraction", "expected_identity", "identity_diff", "identity_problem", "identity_checkable",
+           "RESULTS_ROOT", "HAND_FOLDER"]
 
 #: The train settings of the inner solver: all a ``grid.solver_comparison`` candidate may change.
 SOLVER_TRAIN_KEYS = tuple(k for keys in SOLVER_KEYS.values() for k in keys)
@@ -135,10 +135,17 @@ def config_run_identity(cfg: dict, assignment: str, seed: int, retraction: str |
     return run_identity(run_cfg, assignment, seed, retraction or run_cfg["train"]["dgram_retraction"])
 
 
+def variant_retraction(variant: str, train: dict) -> str:
+    """The DGram retraction a grid variant trains with: the ablation's (its suffix), else ``train``'s
+    ``dgram_retraction`` (the run's train section)."""
+    return parse_variant(variant)[1] if is_colnorm(variant) else train["dgram_retraction"]
+
+
 def expected_identity(cfg: dict, variant: str, seed: int) -> dict:
     """The identity the config's own run of ``variant`` (a grid variant) and ``seed`` has."""
-    assignment, suffix = parse_variant(variant)
-    return config_run_identity(cfg, assignment, seed, suffix if is_colnorm(variant) else None)
+    assignment = parse_variant(variant)[0]
+    run_cfg = run_config(cfg, assignment)
+    return run_identity(run_cfg, assignment, seed, variant_retraction(variant, run_cfg["train"]))
 
 
 def identity_diff(recorded, expected, where: str = "") -> list[str]:
@@ -287,10 +294,8 @@ class Plan:
 
     def run(self, variant: str, seed: int) -> Run:
         """The run of ``variant`` and ``seed`` (its folders checked to stay inside the root)."""
-        assignment, suffix = parse_variant(variant)
-        retraction = suffix if is_colnorm(variant) else self.train(variant)["dgram_retraction"]
-        return Run(variant, int(seed), assignment, retraction, run_dir(self.root, self.name, variant, seed),
-                   checkpoint_dir(self.root, self.name, variant, seed))
+        return Run(variant, int(seed), parse_variant(variant)[0], variant_retraction(variant, self.train(variant)),
+                   run_dir(self.root, self.name, variant, seed), checkpoint_dir(self.root, self.name, variant, seed))
 
     def runs(self) -> list[Run]:
         """Every run of the grid, variant by variant, seed by seed."""
