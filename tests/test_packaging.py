@@ -26,16 +26,22 @@ def _floors() -> dict[str, int]:
     return out
 
 
+def _modules() -> dict[str, Path]:
+    """``{dotted module name: file}`` of the package (a package by its ``__init__.py``)."""
+    out = {}
+    for f in sorted(PKG.rglob("*.py")):
+        parts = list(f.relative_to(PKG.parent).with_suffix("").parts)
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
+    return out
+
+
 def _imports() -> list[tuple[str, str]]:
     """``(module, what it imports)`` for every import of the package, function-local ones too: ``from a import
     b`` gives ``a.b`` (a module or a name of ``a``)."""
     import ast
 
-    pkg = ROOT / "src" / "mwm"
     out = []
-    for f in sorted(pkg.rglob("*.py")):
-        parts = list(f.relative_to(pkg.parent).with_suffix("").parts)
-        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    for name, f in _modules().items():
         base = name.split(".") if f.name == "__init__.py" else name.split(".")[:-1]
         for node in ast.walk(ast.parse(f.read_text(), str(f))):
             if isinstance(node, ast.Import):
@@ -50,11 +56,10 @@ def _imports() -> list[tuple[str, str]]:
 
 def _room_imports() -> list[tuple[str, str, str]]:
     """``(module, what it imports, the room of that)`` for every import by a module of another room."""
-    pkg = ROOT / "src" / "mwm"
     out = []
     for m, t in _imports():
         room = t.split(".")[1]
-        if not ((pkg / room).is_dir() or (pkg / f"{room}.py").is_file()):
+        if not ((PKG / room).is_dir() or (PKG / f"{room}.py").is_file()):
             continue  # a name of the package root (``from mwm import __version__``)
         if "." in m and room != m.split(".")[1]:
             out.append((m, t, room))
@@ -65,8 +70,7 @@ def test_every_room_imports_only_rooms_on_lower_floors():
     """The package's rooms form floors (docs/package.md): an import that goes up or sideways is a cycle
     waiting to happen, and a low room (the optimizer's math, the plan) would drag in what sits above it."""
     floors = _floors()
-    pkg = ROOT / "src" / "mwm"
-    rooms = {f.stem if f.is_file() else f.name for f in pkg.iterdir()
+    rooms = {f.stem if f.is_file() else f.name for f in PKG.iterdir()
              if (f.suffix == ".py" and f.stem != "__init__") or (f / "__init__.py").is_file()}
     assert rooms == set(floors), f"docs/package.md Floors lists {sorted(set(floors) - rooms)} that do not exist " \
                                  f"and omits {sorted(rooms - set(floors))}"
@@ -78,9 +82,7 @@ def test_every_room_imports_only_rooms_on_lower_floors():
 def test_no_modules_import_each_other_in_a_circle():
     """Inside a room too, function-local imports included (where a circle hides from Python's own error):
     every module of the package can be read after the ones it imports."""
-    pkg = ROOT / "src" / "mwm"
-    modules = {".".join(p[:-1] if p[-1] == "__init__" else p)
-               for p in (list(f.relative_to(pkg.parent).with_suffix("").parts) for f in pkg.rglob("*.py"))}
+    modules = set(_modules())
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for m, t in _imports():
         for target in (t, t.rpartition(".")[0]):  # `from pkg import module` names the module
