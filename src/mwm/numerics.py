@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-__all__ = ["VERSION", "Change", "HISTORY", "FIRST_VERSIONED", "commit_of", "recorded_version", "version_problem"]
+__all__ = ["VERSION", "Change", "HISTORY", "FIRST_VERSIONED", "code_version", "commit_of", "recorded_version",
+           "version_problem"]
 
 #: The numerics version of this code. Bump it, with an entry in :data:`HISTORY`, in
 #: ``docs/findings.md`` (Numerics changes) and a rewritten golden file, on a numerics change.
@@ -72,6 +73,22 @@ HISTORY = (
 FIRST_VERSIONED = HISTORY[1].commits[0]
 
 _CODE = re.compile(r"[+-]g?([0-9a-f]{7,40})(-dirty)?$")  # git describe --always --dirty
+
+
+def code_version() -> str:
+    """The package version and the checkout's commit (``0.1.0+be30d1d``, ``-dirty`` with uncommitted
+    changes; the bare version outside a git checkout): what a run or a published record was made by."""
+    from mwm import __version__
+
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=here, capture_output=True,
+                             text=True, timeout=10)
+        if out.returncode == 0 and out.stdout.strip():
+            return f"{__version__}+{out.stdout.strip()}"
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return __version__
 
 
 def commit_of(code_version: str | None) -> tuple[str, bool] | None:

@@ -40,7 +40,6 @@ import argparse
 import math
 import os
 import signal
-import subprocess
 import sys
 import time
 from contextlib import nullcontext
@@ -49,12 +48,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mwm import __version__
 from mwm.optim.assignments import OptimizerSettings, build_optimizers, nonfinite
 from mwm.plan.checks import check_config, check_run
 from mwm.config import ConfigError, config_hash, load_config, resolve_device, seed_bound
 from mwm.errors import write_failure
 from mwm.train.diagnostics import ATTENTION_COLUMNS, SPECTRAL_COLUMNS, attention_stats, spectral_stats
+from mwm.numerics import code_version
 from mwm.io import atomic_savez, atomic_torch_save, atomic_write_json
 from mwm.train.launch import accum_per_rank, launch, ranks_per_run, worker_exit, worker_started
 from mwm.train.model import GPT, SIZES, GPTConfig
@@ -80,18 +79,6 @@ EVAL_COLUMNS = ["step", "train_loss", "val_loss"]
 # --------------------------------------------------------------------------------------
 # set-up helpers
 # --------------------------------------------------------------------------------------
-def code_version() -> str:
-    here = Path(__file__).resolve().parent
-    try:
-        out = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=here, capture_output=True,
-                             text=True, timeout=10)
-        if out.returncode == 0 and out.stdout.strip():
-            return f"{__version__}+{out.stdout.strip()}"
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return __version__
-
-
 def resolve_data(cfg: dict):
     """The TokenDataset of the config's data section."""
     from mwm.data import TokenDataset, dataset_dir
