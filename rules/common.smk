@@ -16,7 +16,7 @@ from mwm.numerics import VERSION as NUMERICS
 from mwm.workflow.owner import check_owner, claim
 from mwm.workflow.dvc import PERSISTENT
 from mwm.paths import CONFIG_ENV, checkout_relative, first_on_pythonpath, inside, leads_out
-from mwm.plan.runs import CONFIG_KINDS, RESULTS_ROOT, RUN_FILES, Plan, check_grid, config_dir
+from mwm.plan.runs import CONFIG_KINDS, RESULTS_ROOT, RUN_FILES, RUN_FOLDERS, Plan, check_grid, config_dir
 from mwm.workflow import stages
 from mwm.workflow.site import site_resources
 from mwm.setaside import RETRAIN_FOLDER, SET_ASIDE_RULE, foreign_problem, foreign_root, next_marker, retrain_markers
@@ -261,15 +261,12 @@ def threads(stage):
 
 
 def run_files(variant="{variant}", seed="{seed}"):
+    """A run's declared outputs: exactly its published records (mwm.plan.runs.RUN_FILES, RUN_FOLDERS). Its
+    by-products (final.pt, the captured pairs.npz and sequence/) are written beside them by the same job;
+    the studies that read them take the run's summary.json as their input."""
     run = PLAN.path(variant, seed)
     files = {f.split(".")[0]: f"{run}/{f}" for f in RUN_FILES}
-    files["spectra"] = directory(f"{run}/spectra")
-    # the solver study's captured steps (studies.solvers.source: grid); empty in other runs
-    files["sequence"] = directory(f"{run}/sequence")
-    if CFG["train"]["keep_final_checkpoint"]:
-        files["final"] = f"{run}/final.pt"
-    if CFG["train"]["capture_pairs_step"] is not None:
-        files["pairs"] = f"{run}/pairs.npz"
+    files.update({d: directory(f"{run}/{d}") for d in RUN_FOLDERS})
     return files
 
 
@@ -280,7 +277,7 @@ def run_train(variant):
 
 
 def all_runs():
-    return [f"{PLAN.path(v, s)}/{f}" for v in RUN_VARIANTS for s in SEEDS for f in (*RUN_FILES, "spectra", "sequence")]
+    return [f"{PLAN.path(v, s)}/{f}" for v in RUN_VARIANTS for s in SEEDS for f in (*RUN_FILES, *RUN_FOLDERS)]
 
 
 # What the report reads: the studies, and whether the grid's runs (mwm.workflow.stages.REPORT_INPUTS).
@@ -300,12 +297,11 @@ def run_capture(variant, seed):
 
 def solver_sequences(wildcards):
     """The grid runs the solver study reads (studies.solvers.source: grid), else none: it
-    trains its own captures."""
+    trains its own captures. Their sequence/ is written with the run's summary.json."""
     sec = CFG["studies"]["solvers"]
     if sec["source"] != "grid":
         return []
-    return [f"{PLAN.path(v, sec['seed'])}/{f}" for v in PLAN.capture_variants
-            for f in ("sequence", "summary.json", "metrics.csv")]
+    return [f"{PLAN.path(v, sec['seed'])}/{f}" for v in PLAN.capture_variants for f in ("summary.json", "metrics.csv")]
 
 
 wildcard_constraints:
@@ -324,14 +320,20 @@ def probe_run(prefer):
 
 def pairs_input(wildcards):
     """Training (W, G) pairs for the absorption study, in order of preference (hetero has
-    both manifolds): every manifold run at the first seed. The study uses the first that
-    captured them; a run unstable before the capture step writes a "not captured" file."""
+    both manifolds): every manifold run at the first seed, by its summary.json (its pairs.npz
+    is written with it: pairs_files). The study uses the first that captured them; a run
+    unstable before the capture step writes a "not captured" file."""
     if CFG["train"]["capture_pairs_step"] is None:
         return []
     prefer = ("hetero", "hetero-inv", "stiefel", "dgram")
     constrained = [v for v in CFG["grid"]["assignments"] if v not in UNCONSTRAINED]
     order = list(dict.fromkeys([p for p in prefer if p in constrained] + constrained))
-    return [f"{PLAN.path(v, SEEDS[0])}/pairs.npz" for v in order]
+    return [f"{PLAN.path(v, SEEDS[0])}/summary.json" for v in order]
+
+
+def pairs_files(summaries):
+    """The pairs.npz beside each run's summary.json (pairs_input)."""
+    return [os.path.join(os.path.dirname(str(f)), "pairs.npz") for f in summaries]
 
 
 def spectral_input(wildcards):

@@ -40,7 +40,7 @@ rule study_absorption:
         numerics=NUMERICS,  # a numerics change reruns the study
         studies=CFG["studies"]["absorption"],
         pairs=lambda wildcards, input: (
-            "--pairs " + " ".join(shlex.quote(str(f)) for f in input.pairs) if input.pairs else ""),
+            "--pairs " + " ".join(shlex.quote(f) for f in pairs_files(input.pairs)) if input.pairs else ""),
     log:
         f"{LOGS}/studies/absorption.log",
     benchmark:

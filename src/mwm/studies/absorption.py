@@ -124,6 +124,9 @@ class DamagedFile(ValueError):
 def _missing(path: Path) -> FileNotFoundError:
     hint = (" (dotted overrides go before --pairs, which takes every argument after it)"
             if "=" in path.name else "")
+    if path.name == "pairs.npz" and (path.parent / "summary.json").is_file():
+        hint = (" beside its run's summary.json: a run restored from published records keeps no captured pairs "
+                "(docs/published.md); delete the run folder to retrain it")
     return FileNotFoundError(f"pairs file {path} does not exist{hint}")
 
 

@@ -178,8 +178,9 @@ def read_captures(runs: list[Path], sec: dict, log=print) -> tuple[list[Path], l
     dirs, missing = [], []
     for run in runs:
         if not (run / "sequence").is_dir():
-            raise FileNotFoundError(f"{run}: no sequence/ folder (not trained yet, or not a run that captures: "
-                                    "see studies.solvers.source, assignments and seed)")
+            raise FileNotFoundError(f"{run}: no sequence/ folder (not trained yet; not a run that captures: see "
+                                    "studies.solvers.source, assignments and seed; or restored from published "
+                                    "records, which keep no captures: delete the run folder to retrain it)")
         summary = run / "summary.json"
         if not summary.is_file() and not any((run / "sequence").glob("step_*.npz")):
             raise FileNotFoundError(f"{run}: no summary.json and no captured step (the run has not finished)")
