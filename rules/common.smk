@@ -286,7 +286,8 @@ REPORT_STUDIES, REPORT_READS_RUNS = stages.REPORT_INPUTS[CFG["workflow"]["report
 
 def run_targets():
     """The runs the config makes: those its report reads, and the solver study's captures."""
-    return list(dict.fromkeys([*(all_runs() if REPORT_READS_RUNS else []), *solver_sequences(None)]))
+    return list(dict.fromkeys([*foreign_markers(), *(all_runs() if REPORT_READS_RUNS else []),
+                               *solver_sequences(None)]))
 
 
 def run_capture(variant, seed):
@@ -342,8 +343,15 @@ def spectral_input(wildcards):
     return [] if run is None else [f"{PLAN.path(*run)}/spectral.csv"]
 
 
+def foreign_markers():
+    """The markers the config's foreign runs wait for, as targets of their own: where Snakemake has no
+    records of the runs' settings (a restored, synced or copied checkout), no changed param would make
+    their train jobs run, and a marker wanted only by a job that need not run is never made."""
+    return [next_marker(RESULTS_ROOT, NAME, v, s).as_posix() for v, s in _FOREIGN]
+
+
 def all_targets():
-    return [FOLDERS["figures"]]
+    return [*foreign_markers(), FOLDERS["figures"]]
 
 
 # Snakemake's HTML report: the report folder's files it shows, and their category.
