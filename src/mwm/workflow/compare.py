@@ -201,6 +201,10 @@ def compare_config(cfg: dict, folder: Path, root: str | Path, figures_root: str 
         elif (here / "metrics.csv").is_file() and \
                 (here / "metrics.csv").read_bytes() == (folder / "runs" / key / "metrics.csv").read_bytes():
             copies.append(key)  # its step times too: the published file itself
+    studies = sorted(r for r in man["files"] if r.startswith("studies/"))
+    study_copy = bool(studies) and all(
+        (p := _rebuilt_path(r, plan, figures)).is_file() and p.read_bytes() == (folder / r).read_bytes()
+        for r in studies)  # their wall_seconds too
     for rel in sorted(man["files"]):
         if rel.endswith(".npz"):
             continue  # spectra: their numbers are the spectral log's, compared there
@@ -208,6 +212,8 @@ def compare_config(cfg: dict, folder: Path, root: str | Path, figures_root: str 
         key = "/".join(rest.split("/")[:2]) if kind == "runs" else None
         if key in copies or (key and any(f.startswith(f"{plan.folders['runs']}/{key}/") for f in foreign)):
             continue
+        if (kind == "studies" and study_copy) or (kind == "figures" and (copies or study_copy)):
+            continue  # the published files, or drawn from them
         path = _rebuilt_path(rel, plan, figures)
         if not path.is_file():
             missing.append(rel)
@@ -228,6 +234,11 @@ def compare_config(cfg: dict, folder: Path, root: str | Path, figures_root: str 
     if copies:
         say(f"  {len(copies)} run(s) in results/ are the published records themselves (restored, not rebuilt: their "
             f"step times match too), left out: {', '.join(copies)}")
+    if study_copy:
+        say("  the studies in results/ are the published records themselves (restored: their wall times match too), "
+            "left out")
+    if (copies or study_copy) and any(r.startswith("figures/") for r in man["files"]):
+        say("  the ledger is left out: it was drawn from restored records")
     if missing:
         say(f"  {len(missing)} published file(s) not rebuilt here, left out (e.g. {missing[0]})")
     if not results:
