@@ -657,6 +657,44 @@ def test_sync_says_first_that_the_remote_folder_or_the_lock_file_is_missing(tmp_
     assert "tracked folders of config/x.yaml are missing" in capsys.readouterr().err
 
 
+@needs_tools
+def test_sync_refuses_what_a_damaged_remote_object_checked_out(tmp_path, monkeypatch, capsys):
+    """DVC checks out a pulled object without hashing it again (`dvc status` stays clean): sync hashes every
+    tracked file against dvc.lock and touches nothing when one differs, naming it."""
+    from mwm.workflow import dvc as dvcgen
+
+    env = {**os.environ, "DVC_NO_ANALYTICS": "1"}
+    repo = tmp_path / "repo"
+    (repo / "results" / "r" / "seed0").mkdir(parents=True)
+    run(["git", "init", "-q"], repo, env)
+    run(["dvc", "init", "-q"], repo, env)
+    run(["dvc", "remote", "add", "-d", "local", str(tmp_path / "remote")], repo, env)
+    (repo / "results" / "r" / "seed0" / "eval.csv").write_text("step,val_loss\n0,4.5\n")
+    (repo / "results" / "r" / "summary.json").write_text("{}\n")
+    (repo / "dvc.yaml").write_text("stages:\n  runs:\n    cmd: 'true'\n    outs: [{results/r: {persist: true}}]\n")
+    run(["dvc", "commit", "-f", "-q", "dvc.yaml"], repo, env)
+    run(["dvc", "push", "-q"], repo, env)
+    monkeypatch.chdir(repo)
+    cache = dvcgen._cache_dir()
+    assert dvcgen.pulled_problems(Path("dvc.yaml"), cache) == []
+    # the remote's object of eval.csv damaged; a clone without cache pulls it
+    victim = Path("results/r/seed0/eval.csv")
+    digest = md5(victim)
+    obj = next((tmp_path / "remote").rglob(digest[2:]))
+    obj.write_text("step,val_loss\n0,9.9\n")
+    shutil.rmtree(repo / ".dvc" / "cache")
+    shutil.rmtree(repo / "results")
+    monkeypatch.setattr(dvcgen, "config_pipeline", lambda cfg: Path("dvc.yaml"))
+    touched = []
+    real_run = dvcgen._run
+    monkeypatch.setattr(dvcgen, "_run", lambda cmd: real_run(cmd) if cmd[0] == "dvc" else touched.append(cmd) or 0)
+    assert dvcgen.sync(["config/x.yaml"]) == 1
+    err = capsys.readouterr().err
+    assert f"{victim}: md5 " in err and f"not {digest}" in err and touched == []
+    assert "9.9" in victim.read_text()  # what DVC checked out, and its status calls clean
+    assert dvcgen.pulled_problems(Path("dvc.yaml"), cache) != []
+
+
 @pytest.mark.slow
 @needs_tools
 def test_a_data_folder_linked_out_of_the_repository_is_refused_before_dvc_deletes_it(tmp_path):

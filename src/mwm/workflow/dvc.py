@@ -23,6 +23,8 @@ from __future__ import annotations
 import argparse
 import ast
 import difflib
+import hashlib
+import json
 import os
 import shlex
 import subprocess
@@ -293,6 +295,56 @@ def pull_problems(pipeline_path: Path, remote: str | None = None) -> list[str]:
     return problems
 
 
+def _md5(path: Path) -> str:
+    h = hashlib.md5()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def pulled_problems(pipeline_path: Path, cache: Path) -> list[str]:
+    """Every file a pipeline tracks whose bytes are not those its ``dvc.lock`` records, in words. DVC
+    checks out what it pulled without hashing it again, so a damaged object in a remote (or in ``cache``,
+    the md5 object folder) would pass into the workspace with ``dvc status`` clean."""
+    lock = yaml.safe_load(pipeline_path.with_name("dvc.lock").read_text()) or {}
+    stages = (yaml.safe_load(pipeline_path.read_text()) or {}).get("stages", {})
+    problems = []
+    for name, st in (lock.get("stages") or {}).items():
+        wdir = pipeline_path.parent / stages.get(name, {}).get("wdir", ".")
+        for out in st.get("outs") or []:
+            want, path = str(out.get("md5") or ""), Path(os.path.normpath(wdir / out["path"]))
+            if not want:
+                continue
+            if not want.endswith(".dir"):
+                listing = [(path, want)]
+            else:
+                obj = cache / want[:2] / want[2:]
+                if not obj.is_file() or _md5(obj) != want[:-4]:
+                    problems.append(f"{obj}: the DVC listing of {path} is missing or damaged (remove it, then pull "
+                                    "again)")
+                    continue
+                listing = [(path / e["relpath"], e["md5"]) for e in json.loads(obj.read_text())]
+            for f, md5 in listing:
+                if not f.is_file():
+                    problems.append(f"{f}: missing (dvc.lock lists it)")
+                elif (got := _md5(f)) != md5:
+                    problems.append(f"{f}: md5 {got}, not {md5} as dvc.lock records: a damaged object in the remote "
+                                    f"or the cache (remove {cache / md5[:2] / md5[2:]}, repair the remote with `dvc "
+                                    "push` from a checkout that has the right file, then pull again)")
+    return problems
+
+
+def _cache_dir() -> Path | None:
+    try:
+        from dvc.repo import Repo
+
+        with Repo(".") as repo:
+            return Path(repo.cache.local.path)
+    except Exception:  # noqa: BLE001 - no dvc, not a DVC repository
+        return None
+
+
 def sync(configs: list[str], remote: str | None = None, pull: bool = True, cores: str = "1") -> int:
     """``dvc pull`` the configs' pipelines, check their folders arrived, then ``snakemake --touch``
     each config: a DVC checkout does not keep modification times, which Snakemake would take for stale."""
@@ -320,6 +372,14 @@ def sync(configs: list[str], remote: str | None = None, pull: bool = True, cores
         if missing:
             print(f"error: {len(missing)} tracked folders of {cfg} are missing, e.g. {missing[0]}; nothing touched "
                   "(is the remote complete? `dvc status -c`)", file=sys.stderr)
+            return 1
+        cache = _cache_dir()
+        damaged = pulled_problems(path, cache) if cache is not None and path.with_name("dvc.lock").is_file() else []
+        if damaged:
+            lock = path.with_name("dvc.lock").as_posix()
+            print(f"error: {len(damaged)} file(s) of {cfg} are not what {lock} records; nothing touched, "
+                  "so the workflow does not take them for results:\n  " + "\n  ".join(damaged[:10])
+                  + (f"\n  ... and {len(damaged) - 10} more" if len(damaged) > 10 else ""), file=sys.stderr)
             return 1
         if _run(["snakemake", "--cores", cores, "--configfile", cfg, "--touch", "--quiet", "all", "--", "all"]) != 0:
             return 1
