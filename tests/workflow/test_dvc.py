@@ -695,6 +695,42 @@ def test_sync_refuses_what_a_damaged_remote_object_checked_out(tmp_path, monkeyp
     assert dvcgen.pulled_problems(Path("dvc.yaml"), cache) != []
 
 
+@needs_tools
+def test_applying_an_experiment_loses_no_folder_that_dvc_never_recorded(tmp_path, monkeypatch):
+    """`dvc exp apply` checks out every pipeline: another config's folder that no dvc.lock records (built by
+    snakemake alone) is deleted, and it exits 255. `python -m mwm.workflow.dvc apply` keeps it, then touches."""
+    from mwm.workflow import dvc as dvcgen
+
+    env = {**os.environ, "DVC_NO_ANALYTICS": "1"}
+    repo = tmp_path / "repo"
+    (repo / "pipelines" / "other").mkdir(parents=True)
+    run(["git", "init", "-q"], repo, env)
+    run(["git", "config", "user.email", "t@example.org"], repo, env)
+    run(["git", "config", "user.name", "t"], repo, env)
+    run(["dvc", "init", "-q"], repo, env)
+    (repo / "params.yaml").write_text("x: 1\n")
+    (repo / "dvc.yaml").write_text("stages:\n  runs:\n    cmd: mkdir -p results/a && cp params.yaml results/a/p\n"
+                                   "    params: [x]\n    outs: [{results/a: {persist: true}}]\n")
+    (repo / "pipelines" / "other" / "dvc.yaml").write_text(
+        "stages:\n  runs:\n    wdir: ../..\n    cmd: 'true'\n    outs: [{results/b: {persist: true}}]\n")
+    (repo / ".gitignore").write_text("/results/\n")
+    run(["dvc", "repro", "-q", "dvc.yaml"], repo, env)
+    run(["git", "add", "-A"], repo, env)
+    run(["git", "commit", "-qm", "base"], repo, env)
+    (repo / "results" / "b").mkdir(parents=True)
+    (repo / "results" / "b" / "finished.csv").write_text("a finished grid that DVC never recorded\n")
+    run(["dvc", "exp", "run", "-q", "dvc.yaml", "-S", "x=2"], repo, env, timeout=300)
+    name = run(["dvc", "exp", "list", "--name-only"], repo, env).stdout.split()[0]
+    monkeypatch.chdir(repo)
+    assert dvcgen.unrecorded_outputs() == [Path("results/b")]
+    touched = []
+    monkeypatch.setattr(dvcgen, "sync", lambda configs, pull=True, **kw: touched.append((configs, pull)) or 0)
+    assert dvcgen.apply_experiment(name, ["config/x.yaml"]) == 0
+    assert (repo / "results" / "b" / "finished.csv").is_file()  # plain `dvc exp apply` deletes it
+    assert (repo / "params.yaml").read_text() == "x: 2\n" and touched == [(["config/x.yaml"], False)]
+    assert not list((repo / ".dvc" / "tmp").glob("mwm-apply-*"))
+
+
 @pytest.mark.slow
 @needs_tools
 def test_a_data_folder_linked_out_of_the_repository_is_refused_before_dvc_deletes_it(tmp_path):

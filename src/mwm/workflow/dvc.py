@@ -26,7 +26,9 @@ import difflib
 import hashlib
 import json
 import os
+import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -386,6 +388,66 @@ def sync(configs: list[str], remote: str | None = None, pull: bool = True, cores
     return 0
 
 
+# --- apply an experiment ----------------------------------------------------------------
+
+
+def unrecorded_outputs(files: list[Path] | None = None) -> list[Path]:
+    """The stage outputs, over every pipeline of the checkout, that exist here but that no ``dvc.lock`` records
+    (a config built by ``snakemake`` alone, never committed to DVC): ``dvc exp apply`` checks out every
+    pipeline and deletes them, having no copy to put back."""
+    out = []
+    for path in files if files is not None else written():
+        stages = (yaml.safe_load(path.read_text()) or {}).get("stages", {})
+        lock_file = path.with_name("dvc.lock")
+        lock = (yaml.safe_load(lock_file.read_text()) or {}).get("stages", {}) if lock_file.is_file() else {}
+        for name, st in stages.items():
+            wdir = path.parent / st.get("wdir", ".")
+            recorded = {o["path"] for o in (lock.get(name) or {}).get("outs") or [] if o.get("md5")}
+            for o in st.get("outs") or []:
+                rel = o if isinstance(o, str) else next(iter(o))
+                target = Path(os.path.normpath(wdir / rel))
+                if rel not in recorded and target.exists():
+                    out.append(target)
+    return sorted(set(out))
+
+
+def apply_experiment(name: str, configs: list[str]) -> int:
+    """``dvc exp apply name`` that loses nothing: the outputs no ``dvc.lock`` records are moved aside while it
+    runs and put back, DVC's failure to check those out (its exit 255) is not taken for the experiment's, and
+    the applied configs' folders are then touched (``sync --no-pull``), so Snakemake does not take the applied
+    results for stale."""
+    keep = unrecorded_outputs()
+    aside = Path(".dvc") / "tmp" / f"mwm-apply-{os.getpid()}"
+    moved = []
+    try:
+        for target in keep:
+            dest = aside / target
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(target, dest)
+            moved.append((dest, target))
+        print("+ dvc exp apply " + shlex.quote(name), flush=True)
+        done = subprocess.run(["dvc", "exp", "apply", name], capture_output=True, text=True)
+    finally:
+        for dest, target in moved:
+            home = target
+            if home.exists():  # the experiment made it after all: ours goes beside it, not over it
+                home = target.with_name(f"{target.name}.kept-{os.getpid()}")
+                print(f"mwm: {target} exists after the apply; yours is at {home}", file=sys.stderr)
+            os.rename(dest, home)
+        shutil.rmtree(aside, ignore_errors=True)
+    failed = re.search(r"Checkout failed for following targets:\n(.*?)\n(?:Is your cache|$)", done.stderr, re.S)
+    failed_paths = {os.path.abspath(t.strip()) for t in failed.group(1).splitlines() if t.strip()} if failed else set()
+    if done.returncode != 0 and not (failed and failed_paths <= {os.path.abspath(k) for k in keep}):
+        sys.stdout.write(done.stdout)
+        sys.stderr.write(done.stderr)
+        return done.returncode
+    sys.stdout.write(done.stdout)
+    if keep:
+        print(f"mwm: kept {len(keep)} folder(s) no dvc.lock records, which dvc exp apply would have deleted: "
+              + ", ".join(p.as_posix() for p in keep))
+    return sync(configs, pull=False)
+
+
 # --- command line -------------------------------------------------------------------------
 
 
@@ -397,16 +459,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--default", default=DEFAULT_CONFIG,
                    help=f"the config whose pipeline is the root dvc.yaml (default: {DEFAULT_CONFIG})")
     p.add_argument("--check", action="store_true", help="exit 1 with a diff if a pipeline file is stale")
-    sub = p.add_subparsers(dest="command", metavar="{sync}", title="commands (none: write the pipeline files)")
+    sub = p.add_subparsers(dest="command", metavar="{sync,apply}", title="commands (none: write the pipeline files)")
     sp = sub.add_parser("sync", help="dvc pull a config's pipeline, then snakemake --touch",
                         description="dvc pull a config's pipeline, then snakemake --touch, so that "
                                     "`snakemake all -n` has nothing to do")
     sp.add_argument("--config", action="append", help=f"config file (repeatable; default: {DEFAULT_CONFIG})")
     sp.add_argument("--remote", "-r", default=None, help="DVC remote (default: the default remote)")
     sp.add_argument("--no-pull", action="store_true", help="only touch (after your own `dvc pull`)")
+    ap = sub.add_parser("apply", help="dvc exp apply, losing no folder DVC never recorded, then touch",
+                        description="dvc exp apply NAME with the stage outputs no dvc.lock records moved aside and "
+                                    "put back (dvc exp apply deletes them), then sync --no-pull of the configs, so "
+                                    "that `snakemake all -n` has nothing to do")
+    ap.add_argument("name", help="the experiment (dvc exp show)")
+    ap.add_argument("--config", action="append",
+                    help=f"the experiment's config (repeatable; default: {DEFAULT_CONFIG})")
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
     if a.command == "sync":
         return sync(a.config or [DEFAULT_CONFIG], remote=a.remote, pull=not a.no_pull)
+    if a.command == "apply":
+        return apply_experiment(a.name, a.config or [DEFAULT_CONFIG])
     default = os.path.normpath(a.default)
     if not Path(default).is_file():
         p.error(f"--default {a.default}: no such config file (run from the repository root)")
