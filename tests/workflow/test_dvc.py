@@ -824,3 +824,9 @@ def test_an_experiment_changes_a_param_reruns_and_compares(ws):
     diff = json.loads(run(["dvc", "metrics", "diff", "--json"], root, env).stdout)
     changed = diff[next(iter(diff))]
     assert any(k.endswith("final_val_loss_mean") and v["diff"] for k, v in changed.items()), changed
+
+    # keep it as docs/dvc.md says: nothing lost, nothing left for Snakemake to redo
+    kept = run([sys.executable, "-m", "mwm.workflow.dvc", "apply", "warm3", "--config", CI], root, env, timeout=600)
+    assert "warmup_iters: 3" in (root / CI).read_text(), kept.stdout
+    dry = run(["snakemake", "--cores", "1", "--configfile", CI, "-n", "all"], root, env)
+    assert "Nothing to be done" in dry.stdout + dry.stderr, dry.stdout[-3000:]

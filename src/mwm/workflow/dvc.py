@@ -391,10 +391,10 @@ def sync(configs: list[str], remote: str | None = None, pull: bool = True, cores
 # --- apply an experiment ----------------------------------------------------------------
 
 
-def unrecorded_outputs(files: list[Path] | None = None) -> list[Path]:
-    """The stage outputs, over every pipeline of the checkout, that exist here but that no ``dvc.lock`` records
-    (a config built by ``snakemake`` alone, never committed to DVC): ``dvc exp apply`` checks out every
-    pipeline and deletes them, having no copy to put back."""
+def unrecorded_outputs(files: list[Path] | None = None, existing: bool = True) -> list[Path]:
+    """The stage outputs, over every pipeline of the checkout, that no ``dvc.lock`` records (a config built by
+    ``snakemake`` alone, never committed to DVC; with ``existing``, those that exist here): ``dvc exp apply``
+    checks out every pipeline, deletes them, having no copy to put back, and fails for each."""
     out = []
     for path in files if files is not None else written():
         stages = (yaml.safe_load(path.read_text()) or {}).get("stages", {})
@@ -406,7 +406,7 @@ def unrecorded_outputs(files: list[Path] | None = None) -> list[Path]:
             for o in st.get("outs") or []:
                 rel = o if isinstance(o, str) else next(iter(o))
                 target = Path(os.path.normpath(wdir / rel))
-                if rel not in recorded and target.exists():
+                if rel not in recorded and (target.exists() or not existing):
                     out.append(target)
     return sorted(set(out))
 
@@ -437,7 +437,8 @@ def apply_experiment(name: str, configs: list[str]) -> int:
         shutil.rmtree(aside, ignore_errors=True)
     failed = re.search(r"Checkout failed for following targets:\n(.*?)\n(?:Is your cache|$)", done.stderr, re.S)
     failed_paths = {os.path.abspath(t.strip()) for t in failed.group(1).splitlines() if t.strip()} if failed else set()
-    if done.returncode != 0 and not (failed and failed_paths <= {os.path.abspath(k) for k in keep}):
+    unrecorded = {os.path.abspath(k) for k in unrecorded_outputs(existing=False)}
+    if done.returncode != 0 and not (failed and failed_paths <= unrecorded):
         sys.stdout.write(done.stdout)
         sys.stderr.write(done.stderr)
         return done.returncode
