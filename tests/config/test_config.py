@@ -308,3 +308,12 @@ def test_a_malformed_override_is_one_line_from_the_entry_points(tmp_path):
                              capture_output=True, text=True, timeout=120)
         assert res.returncode != 0 and "Traceback" not in res.stderr, res.stderr[-2000:]
         assert "not valid YAML" in res.stderr + res.stdout
+
+
+@pytest.mark.parametrize("given, says", [("folder", "is a folder, not a config file"),
+                                         ("/dev/null", "is not a regular file"),
+                                         ("absent.yaml", "does not exist")])
+def test_a_config_path_that_is_no_file_says_what_it_is(tmp_path, given, says):
+    path = tmp_path if given == "folder" else Path(given) if given.startswith("/") else tmp_path / given
+    with pytest.raises(ConfigError, match=says):
+        load_config(path)

@@ -396,7 +396,9 @@ def load_config(path: str | Path, overrides: Iterable[str] = ()) -> dict:
     """Read, override, default and validate a config file."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
+        what = ("is a folder, not a config file" if path.is_dir() else
+                "is not a regular file (a device or a pipe), not a config file" if path.exists() else "does not exist")
+        raise ConfigError(f"config file {path} {what}")
     if path.stat().st_size > MAX_CONFIG_BYTES:
         raise ConfigError(f"config file {path} is {path.stat().st_size:,} bytes, over the {MAX_CONFIG_BYTES:,} a "
                           "config may have")

@@ -339,15 +339,8 @@ def restore(cfg: dict, config_file: str, root: str | Path = RESULTS_ROOT, publis
 # --- command line -------------------------------------------------------------------------
 
 
-def _load(config_file: str) -> dict:
-    path = Path(config_file)
-    if path.is_dir():
-        raise ConfigError(f"--config {config_file} is a folder, not a config file")
-    return load_config(config_file)
-
-
 def _cmd_publish(args) -> int:
-    cfg = _load(args.config)
+    cfg = load_config(args.config)
     rep = publish(cfg, args.config, args.results, args.figures, args.published, spectra=not args.no_spectra)
     man = rep["manifest"]
     total = len(man["grid"]["variants"]) * len(man["grid"]["seeds"])
@@ -363,7 +356,7 @@ def _cmd_publish(args) -> int:
 
 
 def _cmd_restore(args) -> int:
-    cfg = _load(args.config)
+    cfg = load_config(args.config)
     rep = restore(cfg, args.config, args.results, args.published)
     _say(f"restored {len(rep['restored'])} run(s) from {published_dir(cfg['name'], args.published)}"
          + (f", {len(rep['present'])} already here" if rep["present"] else "")
@@ -383,13 +376,13 @@ def _cmd_restore(args) -> int:
 def _cmd_compare(args) -> int:
     from mwm.workflow.compare import compare_config
 
-    cfg = _load(args.config)
+    cfg = load_config(args.config)
     folder = Path(args.records) if args.records else published_dir(cfg["name"], args.published)
     return compare_config(cfg, folder, args.results, args.figures, out=sys.stdout)
 
 
 def _cmd_verify(args) -> int:
-    cfg = _load(args.config)
+    cfg = load_config(args.config)
     folder = published_dir(cfg["name"], args.published)
     man = verify(folder)
     stale = ("" if man["numerics"] == VERSION else
