@@ -320,3 +320,19 @@ def test_the_dvc_metrics_file_gives_each_variants_final_loss_over_its_seeds(tmp_
     assert got["dgram"] == {"final_val_loss_mean": 6.0, "final_val_loss_std": 0.0, "completed": 0, "seeds": [0, 1]}
     path = write_run_metrics(runs, tmp_path)
     assert path.name == "metrics.json" and json.loads(path.read_text()) == got
+
+
+def test_every_ledger_row_a_caption_names_exists():
+    """The HTML report's captions point readers to ledger rows (``Ledger: ``x.*````): each name, a pattern,
+    matches at least one row the package defines."""
+    import fnmatch
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "captions" / "item.rst").read_text()
+    ids = [c.id for c in paper.CLAIMS]
+    clauses = re.findall(r"Ledger:(.*?)(?:\{%|\n\n|$)", text, re.S)
+    named = [n for clause in clauses for n in re.findall(r"``([^`]+)``", clause)]
+    assert len(named) > 10
+    unknown = [n for n in named if not any(fnmatch.fnmatchcase(i, n) for i in ids)]
+    assert unknown == [], f"captions/item.rst names ledger rows that do not exist: {unknown}"
