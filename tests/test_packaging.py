@@ -66,6 +66,14 @@ def _room_imports() -> list[tuple[str, str, str]]:
     return out
 
 
+def test_no_module_imports_a_private_name_of_another():
+    """A helper two modules share is public where it lives: ``from mwm.x import _helper`` ties one module to
+    another's internals."""
+    private = [(m, t) for m, t in _imports()
+               if (last := t.rsplit(".", 1)[-1]).startswith("_") and not last.startswith("__")]
+    assert private == [], private
+
+
 def test_every_room_imports_only_rooms_on_lower_floors():
     """The package's rooms form floors (docs/package.md): an import that goes up or sideways is a cycle
     waiting to happen, and a low room (the optimizer's math, the plan) would drag in what sits above it."""

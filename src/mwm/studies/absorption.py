@@ -54,7 +54,7 @@ from mwm import paper
 from mwm.optim.dual_ascent import dual_ascent
 from mwm.optim.manifolds import Manifold
 from mwm.config.names import STUDY_MANIFOLDS
-from mwm.studies.common import (chunks, main_for, random_pairs, resolve_device, run_meta, variant_manifold,
+from mwm.studies.common import (chunks, main_for, random_pairs, rel_error, resolve_device, run_meta, variant_manifold,
                      write_csv, write_json)
 from mwm.workflow.stages import STAGES
 
@@ -66,13 +66,6 @@ __all__ = ["measure_absorption", "load_pairs", "run_absorption", "derive_absorpt
 PAPER = {c.id: {"paper": c.paper, "section": c.section, "rule": c.rule.describe()}
          for c in paper.CLAIMS if c.id.startswith("absorb.")}
 METRICS = ("e_A", "e_pre", "e_W", "e_W_step", "violation")
-
-
-def _rel(X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
-    """``||X||_F / ||Y||_F`` per matrix (float64)."""
-    num = X.double().square().sum(dim=(-2, -1)).sqrt()
-    den = Y.double().square().sum(dim=(-2, -1)).sqrt()
-    return num / den
 
 
 @torch.no_grad()
@@ -92,10 +85,10 @@ def measure_absorption(W: torch.Tensor, G: torch.Tensor, mf: Manifold, alpha: fl
         A_T = res.snapshots[T]
         W_T = mf.retract(W - eta * A_T, precision=precision)
         out[T] = {
-            "e_A": _rel(A_T - A_ref, A_ref),
-            "e_pre": _rel(eta * (A_T - A_ref), pre_ref),
-            "e_W": _rel(W_T - W_ref, W_ref),
-            "e_W_step": _rel(W_T - W_ref, step_ref),
+            "e_A": rel_error(A_T - A_ref, A_ref),
+            "e_pre": rel_error(eta * (A_T - A_ref), pre_ref),
+            "e_W": rel_error(W_T - W_ref, W_ref),
+            "e_W_step": rel_error(W_T - W_ref, step_ref),
             "violation": res.violations[T - 1].double(),
         }
         out[T] = {k: v.cpu() for k, v in out[T].items()}

@@ -25,6 +25,7 @@ from mwm.config.names import STUDY_MANIFOLDS
 from mwm.paths import check_out_root
 
 __all__ = [
+    "rel_error",
     "variant_manifold",
     "resolve_device",
     "pair_seed",
@@ -56,6 +57,13 @@ def pair_seed(*parts: Any) -> int:
     """A 63-bit seed from a tuple of labels (stable across runs and platforms)."""
     blob = "|".join(str(p) for p in parts).encode()
     return int.from_bytes(hashlib.sha256(blob).digest()[:8], "little") & ((1 << 63) - 1)
+
+
+def rel_error(X: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
+    """``||X||_F / ||Y||_F`` per matrix (float64): the studies' relative error of a matrix to its reference."""
+    num = X.double().square().sum(dim=(-2, -1)).sqrt()
+    den = Y.double().square().sum(dim=(-2, -1)).sqrt()
+    return num / den
 
 
 def random_pairs(study: str, variant: str, n: int, seeds: int, base_seed: int,

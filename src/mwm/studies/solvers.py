@@ -65,8 +65,8 @@ from mwm.io import read_csv_rows
 from mwm.plan.runs import RESULTS_ROOT, capture_variants, run_dir
 from mwm.optim.manifolds import get_manifold
 from mwm.optim.solvers import SolverSettings, msign_per_iteration, solve
-from mwm.studies.absorption import _rel, load_pairs
-from mwm.studies.common import main_for, resolve_device, run_meta, write_csv, write_json
+from mwm.studies.absorption import load_pairs
+from mwm.studies.common import main_for, rel_error, resolve_device, run_meta, write_csv, write_json
 from mwm.workflow.stages import STAGES
 
 #: This study's output files (mwm.workflow.stages): the writers name them by key.
@@ -285,10 +285,10 @@ def measure_sequence(seq: list[dict], cands: list[dict], sec: dict, retraction: 
                 if c["warm"]:
                     warm[(c["name"], key_bank)] = res.Lambda
                 W_new = mf.retract(W - eta * res.A)
-                e_W = _rel(W_new - W_ref, W_ref).cpu()
-                e_A = _rel(res.A - ref, ref).cpu()
-                e_W_conv = _rel(W_new - W_conv, W_conv).cpu()
-                e_A_conv = _rel(res.A - conv, conv).cpu()
+                e_W = rel_error(W_new - W_ref, W_ref).cpu()
+                e_A = rel_error(res.A - ref, ref).cpu()
+                e_W_conv = rel_error(W_new - W_conv, W_conv).cpu()
+                e_A_conv = rel_error(res.A - conv, conv).cpu()
                 align = ((G * res.A).sum(dim=(-2, -1)) / nuc).cpu()
                 rows.append([c["name"], c["solver"], c["warm"], c["steps"], c["tol"], c["rho"], man, entry["step"],
                              len(bank), e_W, e_A, res.iterations * msign_per_iteration(c["solver"]), wall,
