@@ -5,8 +5,6 @@ import shlex
 import signal
 import sys
 
-from snakemake.exceptions import WorkflowError
-
 from mwm.plan.checks import check_config, check_splits
 from mwm.config import PLANNED_ENV, ConfigError, load_config, planned_stamp
 from mwm.data import DataError, TokenDataset, dataset_dir
@@ -20,6 +18,13 @@ from mwm.plan.runs import CONFIG_KINDS, RESULTS_ROOT, RUN_FILES, RUN_FOLDERS, Pl
 from mwm.workflow import stages
 from mwm.workflow.site import site_resources
 from mwm.setaside import RETRAIN_FOLDER, SET_ASIDE_RULE, foreign_problem, foreign_root, next_marker, retrain_markers
+
+def refuse(message):
+    """Stop before any job with one line naming what to do (a WorkflowError would print the Snakefile's
+    stack under it)."""
+    print(f"mwm: error: {message}", file=sys.stderr)
+    sys.exit(1)
+
 
 # The file the entry points read: the last --configfile, else the default. Snakemake makes it
 # absolute; inside the checkout it is kept relative, so rule params do not change when the checkout moves.
@@ -40,7 +45,7 @@ first_on_pythonpath(os.path.join(workflow.basedir, "src"))
 def _load():
     given = dict(workflow.config_settings.config or {})
     if given:  # before validation: a --config value would otherwise read as a type error in the file
-        raise WorkflowError(
+        refuse(
             f"--config {' '.join(sorted(given))} on the command line is refused: the entry points "
             f"(training, studies, report) read the config file itself ({CONFIG_FILE}), so a value given "
             "only to Snakemake would make the two disagree. Put the setting in a config file (a copy with "
@@ -56,9 +61,9 @@ def _load():
             check_splits(cfg, meta, str(dataset_dir(cfg["data"]) / "meta.json"), source=CONFIG_FILE)
         check_owner(RESULTS_ROOT, cfg, CONFIG_FILE)  # a copied config keeping the name is refused
     except ConfigError as exc:
-        raise WorkflowError(str(exc))
+        refuse(str(exc))
     if validated_snakemake_config() != cfg:
-        raise WorkflowError(
+        refuse(
             "--config overrides are not supported: the entry points read the config file itself. "
             f"Put the settings in a config file and pass --configfile (read: {CONFIG_FILE})"
         )
@@ -83,7 +88,7 @@ def validated_snakemake_config():
         raw.setdefault("name", os.path.splitext(os.path.basename(CONFIG_FILE))[0])
         return validate(raw, source=f"{CONFIG_FILE} (as Snakemake merged it)")
     except ConfigError as exc:
-        raise WorkflowError(str(exc))
+        refuse(str(exc))
 
 
 CFG = _load()
@@ -96,7 +101,7 @@ try:  # the schema already refuses such names; a path from the config never leav
         config_dir(_kind, NAME)
     inside("logs", NAME, what="config name (in logs)")
 except ConfigError as exc:
-    raise WorkflowError(str(exc))
+    refuse(str(exc))
 PLAN = Plan(CFG)  # the runs the config makes, their settings and folders (mwm.plan.runs)
 FOLDERS = PLAN.folders  # where each kind of product lives (the DVC stages' outputs too)
 DATA = FOLDERS["data"]
@@ -115,7 +120,7 @@ def _check_data():
             print(f"mwm: verifying {DATA} (sha256 of its bins, once after each change)", file=sys.stderr)
             ds.verify_cached()
     except DataError as exc:
-        raise WorkflowError(f"{exc}. Found before any job ran, so no run was deleted: delete {DATA}/ and run "
+        refuse(f"{exc}. Found before any job ran, so no run was deleted: delete {DATA}/ and run "
                             "again (the data job prepares it anew and the runs trained on it are retrained)")
 
 
@@ -138,7 +143,7 @@ def _check_dvc_stage():
         real = leads_out(f"{folder}/-", os.environ.get("DVC_ROOT", ".")) if stage == kind else None
         if real:
             kept = "nothing was deleted" if kind in PERSISTENT else "DVC removed the stage's outputs before this"
-            raise WorkflowError(
+            refuse(
                 f"DVC stage {stage}: {folder} is {real}, outside the repository, where DVC cannot track files (it "
                 f"would fail after the stage ran); refused before any job ({kept}). Keep the folder inside the "
                 "repository and put DVC's cache on the scratch disk (docs/dvc.md, 'Data on scratch'), or run "
@@ -229,7 +234,7 @@ def train_slurm_extra(signal_opt):
     given = workflow.resource_settings
     mine = _given_resource(given.overwrite_resources.get("train"), "slurm_extra")
     if mine is not None and "--signal" not in mine:
-        raise WorkflowError(
+        refuse(
             f"--set-resources train:slurm_extra={mine} replaces the training jobs' {signal_opt} (SLURM's "
             f"warning before the time limit, workflow.warning_signal_s): give both, "
             f"--set-resources \"train:slurm_extra='{mine} {signal_opt}'\"")
@@ -244,7 +249,7 @@ def res(stage):
     try:
         site = site_resources(r["gpu"])
     except ConfigError as exc:
-        raise WorkflowError(str(exc))
+        refuse(str(exc))
     out = {"mem_mb": r["mem_mb"], "runtime": r["runtime"], **site}
     if stage == "train" and CFG["workflow"]["warning_signal_s"]:
         # SLURM's warning before the time limit: the run checkpoints and exits 75 (ignored elsewhere)

@@ -481,6 +481,7 @@ def test_a_config_value_on_the_command_line_is_refused_as_such(tmp_path):
     assert proc.returncode != 0
     assert "--config train on the command line is refused" in out and "--configfile" in out, out[-2000:]
     assert "is not of type" not in out
+    assert 'File "' not in out and "Traceback" not in out, out[-2000:]  # one line, no stack under it
 
 
 @pytest.mark.skipif(not HAS_SNAKEMAKE, reason="snakemake not installed")
