@@ -27,6 +27,7 @@ WHEELS=.whl
 NEEDS=(jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1)
 
 usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[[ ${1:-} == -h || ${1:-} == --help ]] && { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0; }
 
 if [[ ${1:-} == --prepare ]]; then
     mkdir -p "$WHEELS"

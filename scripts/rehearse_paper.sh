@@ -7,6 +7,12 @@
 # `snakemake --profile slurm all` on it from scratch on the one-node cluster, and prints each stage's
 # wall time and peak memory (also written to logs/paper-rehearsal/rehearsal.json).
 set -euo pipefail
+usage() { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; }
+case ${1:-} in
+    "") ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "rehearse_paper.sh: unknown argument ${1} (it takes none)" >&2; usage >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/.."
 SUDO=
 [[ $(id -u) -eq 0 ]] || SUDO="sudo -E"

@@ -226,5 +226,6 @@ case ${1:-} in
     stop) stop ;;
     status) status ;;
     restart) stop; start ;;
+    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; echo "usage: $0 start|stop|status|restart" ;;
     *) echo "usage: $0 start|stop|status|restart" >&2; exit 2 ;;
 esac
