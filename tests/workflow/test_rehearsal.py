@@ -97,4 +97,22 @@ def test_the_record_sums_wall_time_and_keeps_the_largest_peak(tmp_path, capsys):
 
 def test_a_record_without_benchmarks_says_so(tmp_path, capsys):
     assert rehearsal.main(["record", "--logs", str(tmp_path / "none")]) == 2
-    assert "no benchmark files" in capsys.readouterr().err
+    assert "none there: has the rehearsal run?" in capsys.readouterr().err
+    bad = tmp_path / "logs" / "benchmarks" / "train" / "none" / "seed0.tsv"
+    bad.parent.mkdir(parents=True)
+    bad.write_text("not a benchmark\n")
+    assert rehearsal.main(["record", "--logs", str(tmp_path / "logs")]) == 2
+    assert f"1 could not be read (not Snakemake's benchmark TSV, or cut short), e.g. {bad}" in capsys.readouterr().err
+
+
+def test_write_refuses_a_folder_and_a_file_it_did_not_make(tmp_path, capsys):
+    config = tmp_path / "paper.yaml"
+    config.write_text(PAPER.read_text())
+    assert rehearsal.main(["write", "--paper", str(PAPER), "--out", str(config)]) == 2
+    assert "is not a rehearsal config this command wrote" in capsys.readouterr().err
+    assert config.read_text() == PAPER.read_text()  # the paper's config is left as it was
+    assert rehearsal.main(["write", "--paper", str(PAPER), "--out", str(tmp_path)]) == 2
+    assert "is a folder" in capsys.readouterr().err
+    out = tmp_path / "gen.yaml"
+    assert rehearsal.main(["write", "--paper", str(PAPER), "--out", str(out)]) == 0
+    assert rehearsal.main(["write", "--paper", str(PAPER), "--out", str(out)]) == 0  # its own file: rewritten
