@@ -159,3 +159,14 @@ def test_a_logger_whose_package_is_missing_is_refused_before_any_job(monkeypatch
     with pytest.raises(ConfigError, match=r"config/ci\.yaml: workflow\.loggers: dvclive needs the dvclive package, "
                                           r"which is not installed: pip install dvclive"):
         check_config(cfg, "config/ci.yaml")
+
+
+def test_the_retraction_ablation_with_a_colnorm_run_is_refused():
+    """dgram and dgram-colnorm would train the same thing with one identity: a run compared with itself."""
+    ci = Path(__file__).resolve().parents[2] / "config" / "ci.yaml"
+    cfg = load_config(ci, ["train.dgram_retraction=colnorm"])
+    assert cfg["grid"]["retraction_ablation"]
+    with pytest.raises(ConfigError, match="grid.retraction_ablation: true with train.dgram_retraction: colnorm"):
+        check_config(cfg, str(ci))
+    check_config(load_config(ci, ["train.dgram_retraction=colnorm", "grid.retraction_ablation=false"]), str(ci))
+    check_config(load_config(ci), str(ci))

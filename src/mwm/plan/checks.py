@@ -37,6 +37,26 @@ def check_config(cfg: dict, source: str | None = None) -> None:
     _check_grid_capture(cfg, where)
     check_sweep(cfg, where)
     check_loggers(cfg, where)
+    check_ablation(cfg, where)
+
+
+def check_ablation(cfg: dict, source: str | None = None) -> None:
+    """Refuse the retraction ablation where an assignment already trains with the colnorm retraction: it
+    and its ``-colnorm`` copy would train the same thing under one identity, a run compared with itself."""
+    grid = cfg["grid"]
+    if not grid.get("retraction_ablation") or grid.get("sweep"):
+        return
+    from mwm.config.names import uses_dgram
+    from mwm.plan.runs import run_config
+
+    for a in grid["assignments"]:
+        if uses_dgram(a, grid.get("custom")) and run_config(cfg, a)["train"]["dgram_retraction"] == "colnorm":
+            raise ConfigError(
+                f"{_source(cfg, source)}: grid.retraction_ablation: true with train.dgram_retraction: colnorm "
+                f"(assignment {a}{', through grid.train_overrides' if a in grid.get('train_overrides', {}) else ''}):"
+                f" {a} and {a}-colnorm would train the same runs, and the ablation figure would compare a run with "
+                "itself. Keep train.dgram_retraction: paper (the ablation adds the colnorm copies), or set "
+                "grid.retraction_ablation: false")
 
 
 def check_loggers(cfg: dict, source: str | None = None) -> None:
