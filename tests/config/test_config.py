@@ -317,3 +317,15 @@ def test_a_config_path_that_is_no_file_says_what_it_is(tmp_path, given, says):
     path = tmp_path if given == "folder" else Path(given) if given.startswith("/") else tmp_path / given
     with pytest.raises(ConfigError, match=says):
         load_config(path)
+
+
+@pytest.mark.parametrize("override, says", [
+    ("train.attn_qk_scale=1e39", "train.attn_qk_scale: 1e+39 is not a finite number in float32"),
+    ("train.learning_rate=3.5e38", "train.learning_rate: 3.5e+38 is not a finite number in float32"),
+    ("train.attn_qk_scale=100", "train.attn_qk_scale"),
+])
+def test_a_float_setting_past_what_a_run_can_compute_is_refused_at_load(override, says):
+    """A typo such as 1e39 would overflow float32 at step 0 and be recorded as a divergence finding."""
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        load_config(ROOT / "config" / "ci.yaml", [override])
+    load_config(ROOT / "config" / "ci.yaml", ["train.attn_qk_scale=44"])

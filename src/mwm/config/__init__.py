@@ -328,10 +328,15 @@ def _path(err) -> str:
     return ".".join(str(p) for p in err.absolute_path) or "<top level>"
 
 
+#: The largest float32: a run computes in it (or narrower), so a setting beyond it is infinity there.
+FLOAT32_MAX = 3.4028234663852886e38
+
+
 def _nonfinite(node: Any, path: tuple = ()) -> Iterable[tuple[str, float]]:
-    """``(dotted key, value)`` of every NaN or infinite number under ``node``. JSON Schema bounds do not
-    catch them (NaN fails no comparison, Inf passes every minimum), and no key of the schema takes one."""
-    if isinstance(node, float) and not math.isfinite(node):
+    """``(dotted key, value)`` of every NaN or infinite number under ``node``, or one that is infinite in
+    float32 (a run's dtype). JSON Schema bounds do not catch them (NaN fails no comparison, Inf passes
+    every minimum), and no key of the schema takes one."""
+    if isinstance(node, float) and not (math.isfinite(node) and abs(node) <= FLOAT32_MAX):
         yield ".".join(map(str, path)) or "<top level>", node
     elif isinstance(node, dict):
         for k, v in node.items():
@@ -347,7 +352,9 @@ def validate(cfg: dict, source: str = "<config>") -> dict:
     bad = list(_nonfinite(cfg))
     if bad:
         raise ConfigError(f"invalid config {source}:\n" + "\n".join(
-            f"  {key}: {value} is not a finite number (value: {value})" for key, value in bad[:10]))
+            f"  {key}: {value} is not a finite number" + (" in float32, the dtype runs compute in (its largest is "
+                                                       f"{FLOAT32_MAX:.4g})" if math.isfinite(value) else "")
+            + f" (value: {value})" for key, value in bad[:10]))
     cfg = _integers(copy.deepcopy(cfg), load_schema())
     errors = sorted(_Validator(load_schema()).iter_errors(cfg), key=lambda e: list(e.absolute_path))
     if errors:
