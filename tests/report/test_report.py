@@ -336,3 +336,32 @@ def test_every_ledger_row_a_caption_names_exists():
     assert len(named) > 10
     unknown = [n for n in named if not any(fnmatch.fnmatchcase(i, n) for i in ids)]
     assert unknown == [], f"captions/item.rst names ledger rows that do not exist: {unknown}"
+
+
+def test_a_hand_report_replaces_its_folder_whole(tmp_path, monkeypatch, capsys):
+    """By hand as under Snakemake (which deletes the folder first): a figure the new report does not draw
+    (an ablation turned off) does not stay beside it; a folder that is not a report's is refused untouched."""
+    import mwm.report.__main__ as entry
+
+    drawn = {"first": ("ledger.csv", "fig_ablation_val_loss.png"), "second": ("ledger.csv",)}
+    calls = []
+
+    def fake_build(cfg, results, out):
+        out.mkdir(parents=True, exist_ok=True)
+        for name in drawn[calls[-1]]:
+            (out / name).write_text(calls[-1])
+        return out
+
+    monkeypatch.setattr(entry, "build", fake_build)
+    ci = str(fakedata.ROOT / "config" / "ci.yaml")
+    out = tmp_path / "pf"
+    for call in ("first", "second"):
+        calls.append(call)
+        assert entry.main(["--config", ci, "--results", str(tmp_path), "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["ledger.csv"] and (out / "ledger.csv").read_text() == "second"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pf"]  # no staging folder left behind
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    assert entry.main(["--config", ci, "--results", str(tmp_path), "--out", str(mine)]) == 2
+    assert (mine / "notes.txt").read_text() == "keep" and "not a report's" in capsys.readouterr().err

@@ -14,6 +14,8 @@ experiment's, per baseline (:mod:`mwm.report.mechanism2`).
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -59,6 +61,33 @@ def build(cfg: dict, results: Path, out: Path) -> Path:
     return out
 
 
+#: Files that mark a folder as a report's (what every kind of report writes).
+REPORT_MARKS = ("ledger.csv", "metrics.json", "table_solvers.csv")
+
+
+def build_whole(cfg: dict, results: Path, out: Path) -> Path:
+    """:func:`build` into a fresh folder beside ``out``, then put it in ``out``'s place: no figure of an
+    earlier report (another setting, a variant the config no longer has) stays beside the new ones, as under
+    Snakemake, which deletes the folder first. An ``out`` holding files that are not a report's is refused."""
+    if out.is_dir() and any(out.iterdir()) and not any((out / m).is_file() for m in REPORT_MARKS):
+        raise ReportError(f"--out {out} holds files that are not a report's ({next(out.iterdir()).name}, ...); the "
+                          "report replaces its folder whole: give a new or empty folder")
+    fresh, old = out.with_name(f".{out.name}.building"), out.with_name(f".{out.name}.replaced")
+    for leftover in (fresh, old):
+        if leftover.exists():
+            shutil.rmtree(leftover)
+    try:
+        build(cfg, results, fresh)
+    except BaseException:
+        shutil.rmtree(fresh, ignore_errors=True)
+        raise
+    if out.exists():
+        os.rename(out, old)
+    os.rename(fresh, out)
+    shutil.rmtree(old, ignore_errors=True)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mwm.report", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -71,7 +100,7 @@ def main(argv=None) -> int:
         check_grid(cfg["grid"])
         check_owner(args.results, cfg, args.config)  # a copied config keeping the name is refused
         out = Path(args.out) if args.out else config_dir("figures", cfg["name"])
-        build(cfg, Path(args.results), out)
+        build_whole(cfg, Path(args.results), out)
     except (ConfigError, ReportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
