@@ -37,7 +37,7 @@ from mwm.workflow.stages import SET_ASIDE_RULE
 from mwm.plan.runs import HAND_FOLDER, RESULTS_ROOT, Plan, config_dir
 
 __all__ = ["RETRAIN_FOLDER", "FOREIGN_FOLDER", "SET_ASIDE_RULE", "RECORD_FILE", "retrain_dir", "retrain_markers",
-           "next_marker", "foreign_root", "foreign_problem", "set_aside", "main"]
+           "next_marker", "foreign_root", "foreign_problem", "set_aside", "move_aside", "main"]
 
 #: Under ``<root>/runs/<name>/``: the markers of runs set aside (a dot name: no variant folder is called so).
 RETRAIN_FOLDER = ".retrain"
@@ -127,7 +127,6 @@ def set_aside(cfg: dict, config_file: str, variant: str, seed: int, marker: str 
     was set aside, e.g. a retry after the move). ConfigError for a variant or seed that is not
     the config's or a marker elsewhere; :class:`mwm.lock.RunLocked` while a process writes the run."""
     from mwm.io import atomic_write_json
-    from mwm.lock import LOCK_NAME, RunLock
 
     name = cfg["name"]
     plan = Plan(cfg, root)
@@ -146,32 +145,44 @@ def set_aside(cfg: dict, config_file: str, variant: str, seed: int, marker: str 
                      "was retrained meanwhile)"}
     problem = foreign_problem(plan, variant, seed)
     if problem:
-        lock = RunLock(run)  # refuses while a process writes the run (names it)
-        token = lock.token
-        dest = None
-        try:
-            dest = _fresh_folder(inside(foreign_root(root, name), variant, what="set-aside folder (variant)"),
-                                 f"seed{seed}-{record['at']}")
-            try:
-                _move(run, dest)
-            except OSError:
-                try:  # the empty folder made for it; never one with files (a copy cut across file systems)
-                    dest.rmdir()
-                except OSError:
-                    pass
-                raise
-        finally:
-            lock.release()  # the lock moved with the folder: ours is removed below
-            if dest is not None:
-                moved = dest / LOCK_NAME
-                if (RunLock._read(moved) or {}).get("token") == token:
-                    moved.unlink(missing_ok=True)
-        ckpt = target.ckpt_dir
-        if ckpt.is_dir() and any(ckpt.iterdir()):
-            _move(ckpt, dest / "checkpoint")
-        record.update(moved_to=dest.as_posix(), why=problem)
-        atomic_write_json(dest / RECORD_FILE, record)
+        record = move_aside(run, target.ckpt_dir, root, name, variant, seed, problem, config_file, now)
     atomic_write_json(marker, record)
+    return record
+
+
+def move_aside(run: Path, ckpt: Path, root: str | Path, name: str, variant: str, seed: int, why: str,
+               config_file: str, now: float | None = None) -> dict:
+    """Move run folder ``run`` (and its checkpoint folder ``ckpt``, if one is left) to
+    ``<root>/hand/foreign/<name>/<variant>/seed<S>-<UTC time>/`` with ``set_aside.json`` there saying from
+    where and ``why``; returns that record. :class:`mwm.lock.RunLocked` while a process writes the run."""
+    from mwm.io import atomic_write_json
+    from mwm.lock import LOCK_NAME, RunLock
+
+    record = {"run": run.as_posix(), "config_file": config_file, "at": _utc_stamp(now), "moved_to": None, "why": why}
+    lock = RunLock(run)  # refuses while a process writes the run (names it)
+    token = lock.token
+    dest = None
+    try:
+        dest = _fresh_folder(inside(foreign_root(root, name), variant, what="set-aside folder (variant)"),
+                             f"seed{seed}-{record['at']}")
+        try:
+            _move(run, dest)
+        except OSError:
+            try:  # the empty folder made for it; never one with files (a copy cut across file systems)
+                dest.rmdir()
+            except OSError:
+                pass
+            raise
+    finally:
+        lock.release()  # the lock moved with the folder: ours is removed below
+        if dest is not None:
+            moved = dest / LOCK_NAME
+            if (RunLock._read(moved) or {}).get("token") == token:
+                moved.unlink(missing_ok=True)
+    if ckpt.is_dir() and any(ckpt.iterdir()):
+        _move(ckpt, dest / "checkpoint")
+    record["moved_to"] = dest.as_posix()
+    atomic_write_json(dest / RECORD_FILE, record)
     return record
 
 

@@ -309,6 +309,26 @@ def test_hand_run_with_overrides_never_lands_in_the_config_folder(tmp_path, monk
     assert main([*args, "workflow.retries=3"]) == 0 and (own / "summary.json").exists()
 
 
+def test_a_hand_run_after_a_config_edit_keeps_the_finished_run(tmp_path, monkeypatch, capsys, fake_data):
+    """docs/training.md's "same by hand" command after a config edit replaced the finished run in place; it
+    is now moved to results/hand/foreign/ first, as the workflow would set it aside."""
+    monkeypatch.chdir(tmp_path)
+    cfg = fakedata.write_config(tmp_path / "tiny.yaml", train__max_iters=4, train__lr_decay_iters=4)
+    args = ["--config", str(cfg), "--assignment", "none", "--seed", "0"]
+    own = Path("results") / "runs" / "tiny" / "none" / "seed0"
+    assert main(args) == 0
+    assert main(args) == 0 and not Path("results/hand").exists()  # its own run: rerun in place, as before
+    first = (own / "summary.json").read_text()
+    fakedata.write_config(tmp_path / "tiny.yaml", train__max_iters=4, train__lr_decay_iters=4, train__eval_interval=2)
+    capsys.readouterr()
+    assert main(args) == 0
+    assert "moved it to" in capsys.readouterr().err
+    kept = list((Path("results") / "hand" / "foreign" / "tiny" / "none").glob("seed0-*"))
+    assert len(kept) == 1 and (kept[0] / "summary.json").read_text() == first
+    assert "train.eval_interval" in json.loads((kept[0] / "set_aside.json").read_text())["why"]
+    assert json.loads((own / "summary.json").read_text())["identity"]["train"]["eval_interval"] == 2
+
+
 def test_config_errors_fail_before_any_data_is_read(tmp_path, monkeypatch, capsys):
     """n_embd/n_head and grid.custom patterns need no data: they failed only once the data was open."""
     def no_data(cfg):

@@ -25,7 +25,7 @@ from mwm.paths import inside
 from mwm.plan.variants import assignment_spec, sweep_overrides, sweep_points, sweep_variant, sweep_variants
 
 __all__ = ["Plan", "Run", "folders", "run_path", "config_dir", "hand_root", "FIGURES_ROOT", "CONFIG_KINDS",
-           "RUN_FILES", "RUN_FOLDERS", "capture_variants", "capture_window", "run_dir",
+           "RUN_FILES", "RUN_FOLDERS", "FINAL_STATUSES", "capture_variants", "capture_window", "run_dir",
            "checkpoint_dir", "grid_variants", "check_grid", "run_config", "run_identity", "config_run_identity",
            "variant_retraction", "expected_identity", "identity_diff", "identity_problem", "identity_checkable",
            "RESULTS_ROOT", "HAND_FOLDER"]
@@ -45,6 +45,8 @@ CONFIG_KINDS = ("runs", "checkpoints", "studies", "figures")
 
 #: The files every finished run has (what the workflow declares as outputs, and what is published of it).
 RUN_FILES = ("summary.json", "metrics.csv", "eval.csv", "spectral.csv", "attention.csv", "solver.csv")
+#: The statuses a finished run's ``summary.json`` records (a run without one is not finished).
+FINAL_STATUSES = ("completed", "unstable", "failed")
 #: The folders every finished run has, declared too: its singular-value snapshots. A run's by-products
 #: (``final.pt``, the captured ``pairs.npz`` and ``sequence/``) are written beside them, undeclared, so a run
 #: restored from its published records (:mod:`mwm.workflow.publish`) is complete for the workflow.

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mwm.plan.runs import RUN_FILES, Plan
+from mwm.plan.runs import FINAL_STATUSES, RUN_FILES, Plan
 
 __all__ = ["ReportError", "RunData", "load_runs", "spectra_steps", "load_spectrum"]
 
@@ -108,7 +108,6 @@ def load_runs(cfg: dict, root: str | Path = "results") -> dict[tuple[str, int], 
     return runs
 
 
-FINAL_STATUSES = ("completed", "unstable", "failed")
 
 
 def check_backed(run: RunData) -> None:

@@ -37,6 +37,7 @@ GPU, gloo on CPU) and the Muon matrix banks are sharded across ranks.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import signal
@@ -63,8 +64,8 @@ from mwm.train.manipulation import run_checks
 from mwm.workflow.owner import claim
 from mwm.paths import check_out_root
 from mwm.train.folder import RunFolder
-from mwm.plan.runs import (HAND_FOLDER, RESULTS_ROOT, capture_window, config_dir, check_grid, config_run_identity,
-                           hand_root, identity_diff, run_config, run_identity)
+from mwm.plan.runs import (FINAL_STATUSES, HAND_FOLDER, RESULTS_ROOT, capture_window, config_dir, check_grid,
+                           config_run_identity, hand_root, identity_diff, identity_problem, run_config, run_identity)
 from mwm.train.schedule import learning_rates
 from mwm.plan.variants import assignment_spec
 
@@ -774,6 +775,30 @@ class Run:
         return self.stop_flag
 
 
+def keep_foreign_run(cfg: dict, assignment: str, seed: int, retraction: str, out_root: Path) -> dict | None:
+    """Before a run writes its folder: a finished run there that is not this one (trained before the config
+    was edited, or by other numerics) is moved to ``<out_root>/hand/foreign/`` with a record of why, as the
+    workflow would set it aside, never written over. Returns that record (None: nothing was there to keep)."""
+    from mwm.setaside import move_aside
+
+    variant = variant_name(assignment, retraction, cfg["grid"].get("custom"))
+    folder = RunFolder(out_root, cfg["name"], variant, seed)
+    try:
+        summary = json.loads((folder.dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None  # nothing finished there (a missing or cut run resumes or restarts as before)
+    if not isinstance(summary, dict) or summary.get("status") not in FINAL_STATUSES:
+        return None
+    why = identity_problem(summary, run_identity(cfg, assignment, seed, retraction))
+    if why is None:
+        return None  # this run's own: rerunning it is the user's choice, as before
+    record = move_aside(folder.dir, folder.ckpt_dir, out_root, cfg["name"], variant, seed, why,
+                        "a hand run (python -m mwm.train)")
+    print(f"mwm.train: {folder.dir} held a finished run that is not this one ({why}); moved it to "
+          f"{record['moved_to']} rather than write over it", file=sys.stderr)
+    return record
+
+
 def train(cfg: dict, assignment: str, seed: int, retraction: str | None = None,
           out_root: str | Path = "results") -> int:
     """Run (or resume) one training run; returns the process exit status."""
@@ -789,6 +814,12 @@ def train(cfg: dict, assignment: str, seed: int, retraction: str | None = None,
         backend = "nccl" if torch.cuda.is_available() and cfg["train"]["device"] != "cpu" else "gloo"
         torch.distributed.init_process_group(backend=backend)
     try:
+        if rank == 0:
+            try:
+                keep_foreign_run(cfg, assignment, seed, retraction, Path(out_root))
+            except (ConfigError, OSError) as exc:  # a run being written, a full disk: nothing moved
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
         try:
             run = Run(cfg, assignment, seed, retraction, Path(out_root), rank, world)
         except (ConfigError, ValueError) as exc:  # bad input: refuse before anything is written

@@ -32,17 +32,14 @@ from pathlib import Path
 
 from mwm.config import ConfigError, load_config
 from mwm.numerics import VERSION
-from mwm.plan.runs import RESULTS_ROOT, Plan
+from mwm.plan.runs import FINAL_STATUSES, RESULTS_ROOT, Plan
 from mwm.workflow.owner import check_owner, claim
 from mwm.workflow.records import (BUDGET_BYTES, FIGURE_RECORDS, FORMAT, MANIFEST, PUBLISHED_ROOT, RUN_RECORDS,
                                   SPECTRA, RecordError, data_digest, made_by, packed_size, published_dir,
                                   run_key, sha256_of, study_settings, verify)
 from mwm.workflow.stages import REPORT_INPUTS, study_files
 
-__all__ = ["FINAL_STATUSES", "publish", "restore", "main"]
-
-#: A run is finished, and so publishable, when its summary says one of these.
-FINAL_STATUSES = ("completed", "unstable", "failed")
+__all__ = ["finished_problem", "publish", "restore", "main"]
 
 
 def _say(msg: str) -> None:
