@@ -545,3 +545,22 @@ def test_a_param_group_from_before_the_normalize_field_keeps_the_papers_solve():
     assert SolverSettings.of_group(group) == SolverSettings.defaults()
     with pytest.raises(ValueError, match="normalize must be True or False"):
         SolverSettings.defaults(normalize="yes")
+
+
+def test_the_cheapest_matching_candidate_does_not_depend_on_the_clock():
+    """Two candidates of equal msign cost that both match the baseline: the more accurate is the cheapest,
+    whichever ran faster (the choice was the faster one, so a rebuild flipped it)."""
+    from mwm.studies.solvers import COLUMNS, summarise
+
+    def row(cand, e_w, msign, wall):
+        r = dict.fromkeys(COLUMNS, 0.0)
+        r.update(candidate=cand, solver=cand.split("-")[0], warm=False, steps=1, tol="", rho=1.0, manifold="dgram",
+                 step=0, matrices=4, e_W=e_w, e_A=0.5, e_W_max=e_w, iterations=1.0, msign_eq=msign, wall_s=wall,
+                 e_W_conv=e_w, e_A_conv=0.5, normalize=False, align=0.9, align_conv=0.9)
+        return tuple(r[c] for c in COLUMNS)
+
+    for walls in ((0.01, 0.02), (0.02, 0.01)):
+        rows = [row("da-cold-T20", 0.009, 20.0, 0.1), row("admm-warm-T1-rho2", 0.0082, 2.0, walls[0]),
+                row("admm-cold-T1-rho2", 0.0079, 2.0, walls[1])]
+        _, derived = summarise(rows, "da-cold-T20")
+        assert derived["by_manifold"]["dgram"]["cheapest_matching"]["candidate"] == "admm-cold-T1-rho2"

@@ -40,8 +40,8 @@ e_A_conv``; one row
 per candidate, manifold and captured step, means over the step's matrices),
 ``solvers_summary.csv`` (means over steps, with the cost ratios to the baseline) and
 ``solvers_derived.json`` (the baseline's e_W and cost per manifold, the cheapest
-candidate whose mean and worst-step e_W are no worse than the baseline's, and whether
-it costs at most half). The study's own capture trainings stay under ``--out/_train``
+candidate whose mean and worst-step e_W are no worse than the baseline's, a tie in cost going to
+the smaller e_W, and whether it costs at most half). The study's own capture trainings stay under ``--out/_train``
 (``--sequence RUN_DIR ...`` uses existing runs' ``sequence/`` folders instead). A capture training
 that diverges before the end of its window (marked ``unstable`` by :mod:`mwm.train`)
 captures nothing usable: its assignment is listed under ``not_captured`` in the
@@ -359,7 +359,8 @@ def summarise(rows: list[tuple], baseline: str) -> tuple[list[tuple], dict]:
                             s["wall_ratio"], s["matches"], s["e_W_conv"], s["e_A_conv"], r[17], s["align"],
                             s["align_conv"]))
             if s["matches"] and cand != baseline:
-                matching.append((s["msign_eq"], s["wall_s"], cand))
+                # cheapest by msign count; a tie goes to the more accurate, then the name (never the clock)
+                matching.append((s["msign_eq"], s["e_W"], cand))
         best = min(matching) if matching else None
         fastest = min(((s["wall_s"], c) for (c, m), s in stats.items() if m == man and s["matches"]
                        and c != baseline), default=None)
