@@ -31,7 +31,7 @@ __all__ = ["VERSION", "Change", "HISTORY", "FIRST_VERSIONED", "code_version", "c
 
 #: The numerics version of this code. Bump it, with an entry in :data:`HISTORY`, in
 #: ``docs/findings.md`` (Numerics changes) and a rewritten golden file, on a numerics change.
-VERSION = 6
+VERSION = 7
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,11 @@ HISTORY = (
            "its RMS singular value and maps the multiplier back (it solved on W / sigma_max only)",
            "runs with train.solver_normalize (config/mechanism.yaml's -norm arms); the solver study's -norm "
            "candidates and its converged reference at float rounding"),
+    Change(7, ("964bda1",), "the solver study's cheapest matching candidate: a tie in msign cost goes to the smaller "
+           "e_W, then the name (it went to the faster on the clock, so rebuilds on one machine disagreed)",
+           "the solver study's derived cheapest_matching wherever two matching candidates tie in cost (the "
+           "default: admm-cold-T1-rho2 over admm-warm-T1-rho2 on both manifolds), and the report's solver table; "
+           "no training number (every run's identity carries the version, so runs are retrained once)"),
 )
 
 #: The first change after which a run's commit alone no longer tells its numerics.
