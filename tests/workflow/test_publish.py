@@ -150,6 +150,28 @@ def test_publish_in_slices_extends_and_keeps_unfinished_runs_out(ws):
     with pytest.raises(RecordError, match="differs"):
         pub.publish(cfg, cfg_file)
     assert len(verify(published_dir("tiny"))["slices"]) == 2
+    # ... unless asked to replace it
+    rep = pub.publish(cfg, cfg_file, replace=True)
+    man = verify(published_dir("tiny"))
+    assert rep["runs"] == ["none/seed0"] and man["runs"]["none/seed0"]["final_val_loss"] == 4.3
+    assert json.loads((published_dir("tiny") / "runs/none/seed0/summary.json").read_text())["final_val_loss"] == 4.3
+
+
+def test_records_of_an_edited_config_are_refused_then_dropped_on_request(ws, tiny_config):
+    cfg_file, cfg = ws
+    all_runs(Plan(cfg))
+    pub.publish(cfg, cfg_file)
+    tiny_config("tiny.yaml", folder=Path("config").resolve(), grid=GRID, workflow={"report": "sweep"},
+                train__learning_rate=0.002)
+    edited = load_config(cfg_file)
+    with pytest.raises(RecordError, match="not the config's own now"):
+        pub.publish(edited, cfg_file)  # never a folder of two settings
+    all_runs(Plan(edited))  # retrained at the new setting
+    rep = pub.publish(edited, cfg_file, replace=True)
+    man = verify(published_dir("tiny"))
+    assert len(rep["replaced"]) == 4 and sorted(rep["runs"]) == sorted(man["runs"]) and len(man["runs"]) == 4
+    assert all(json.loads((published_dir("tiny") / "runs" / k / "summary.json").read_text())["identity"]["train"]
+               ["learning_rate"] == 0.002 for k in man["runs"])
 
 
 def test_publish_refuses_a_folder_over_the_budget(ws, monkeypatch):

@@ -101,22 +101,44 @@ def _recover(dest: Path) -> None:
         shutil.rmtree(stage)
 
 
+def _drop(man: dict, prefix: str) -> None:
+    """Forget the records under ``prefix`` (a run's folder, ``studies/``)."""
+    for rel in [r for r in man["files"] if r.startswith(prefix)]:
+        del man["files"][rel]
+
+
 def publish(cfg: dict, config_file: str, root: str | Path = RESULTS_ROOT, figures_root: str | Path = "paper_figures",
-            published_root: str | Path = PUBLISHED_ROOT, spectra: bool = True, now: float | None = None) -> dict:
+            published_root: str | Path = PUBLISHED_ROOT, spectra: bool = True, replace: bool = False,
+            now: float | None = None) -> dict:
     """Write or extend ``published/<name>/`` from the finished runs, studies and ledger in ``root``.
-    Returns the new manifest. RecordError when the published folder is damaged, of other numerics or
-    settings, holds a run whose numbers differ from the one here, or would pass :data:`BUDGET_BYTES`;
+    Returns what was done, with the new manifest. RecordError when the published folder is damaged, or
+    holds records of other numerics or settings, or a run or studies whose numbers differ from those here
+    (``replace``: those records are replaced or dropped instead), or would pass :data:`BUDGET_BYTES`;
     nothing is written then."""
     plan = Plan(cfg, root)
     dest = published_dir(cfg["name"], published_root)
     _recover(dest)
-    if dest.is_dir():
-        man = verify(dest)
-        if man["numerics"] != VERSION:
+    fresh = {"format": FORMAT, "name": cfg["name"], "numerics": VERSION, "files": {}, "runs": {}, "slices": []}
+    man = verify(dest) if dest.is_dir() else fresh
+    if man["numerics"] != VERSION:
+        if not replace:
             raise RecordError(f"{dest} holds records of numerics version {man['numerics']}; this code is version "
-                              f"{VERSION}: they cannot be extended (git rm -r {dest}, then publish anew)")
-    else:
-        man = {"format": FORMAT, "name": cfg["name"], "numerics": VERSION, "files": {}, "runs": {}, "slices": []}
+                              f"{VERSION}: they cannot be extended (publish --replace starts the folder anew)")
+        man = {**fresh, "slices": []}
+    foreign = []
+    for key in sorted(man["runs"]):
+        variant, _, seed = key.rpartition("/")
+        summary = _read_json(dest / "runs" / key / "summary.json") or {}
+        why = ("not a run of the config's grid now" if variant not in plan.variants or int(seed[4:]) not in plan.seeds
+               else plan.problem(summary, variant, int(seed[4:])))
+        if why:
+            foreign.append(f"{key}: {why}")
+            if replace:
+                _drop(man, f"runs/{key}/")
+                del man["runs"][key]
+    if foreign and not replace:
+        raise RecordError(f"{dest} holds runs that are not the config's own now (its settings changed since?); "
+                          "nothing published (publish --replace drops them):\n  " + "\n  ".join(foreign))
     man["config"] = config_file
     man["grid"] = {"variants": list(plan.variants), "seeds": list(plan.seeds)}
     data_meta = _read_json(Path(plan.folders["data"]) / "meta.json")
@@ -138,10 +160,13 @@ def publish(cfg: dict, config_file: str, root: str | Path = RESULTS_ROOT, figure
         if key in man["runs"]:
             differ = [rel for rel in files
                       if rel in man["files"] and sha256_of(files[rel]) != man["files"][rel]["sha256"]]
-            if differ:
-                conflicts.append(f"{r.dir / Path(differ[0]).relative_to(f'runs/{key}')} differs from the published "
-                                 f"{dest / differ[0]}")
-            continue
+            if not differ:
+                continue
+            conflicts.append(f"{r.dir / Path(differ[0]).relative_to(f'runs/{key}')} differs from the published "
+                             f"{dest / differ[0]}")
+            if not replace:
+                continue
+            _drop(man, f"runs/{key}/")
         summary = _read_json(r.dir / "summary.json") or {}
         man["runs"][key] = {"identity": summary.get("config_hash"), "status": summary.get("status"),
                             "final_val_loss": summary.get("final_val_loss"),
@@ -150,9 +175,9 @@ def publish(cfg: dict, config_file: str, root: str | Path = RESULTS_ROOT, figure
                             "slice": len(man["slices"]) + 1}
         add.update(files)
         new_runs.append(key)
-    if conflicts:
+    if conflicts and not replace:
         raise RecordError("a published run differs from the one in results/ (retrained since?); nothing "
-                          "published. To replace it, git rm its folder first:\n  " + "\n  ".join(conflicts))
+                          "published (publish --replace replaces it):\n  " + "\n  ".join(conflicts))
     studies, reads_runs = REPORT_INPUTS[cfg["workflow"]["report"]]
     study_dir = Path(plan.folders["studies"])
     names = study_files(studies)
@@ -164,12 +189,18 @@ def publish(cfg: dict, config_file: str, root: str | Path = RESULTS_ROOT, figure
         same = old.get("settings") == study_settings(cfg) and all(
             rel in man["files"] and sha256_of(p) == man["files"][rel]["sha256"] for rel, p in files.items())
         if not same:
-            if old and old.get("settings") == study_settings(cfg):
-                raise RecordError(f"the studies in {study_dir} differ from those published in {dest}/studies "
-                                  f"(same settings): nothing published; git rm -r {dest}/studies to replace them")
+            if old and not replace:
+                raise RecordError(f"the studies in {study_dir} differ from those published in {dest}/studies"
+                                  + ("" if old.get("settings") == study_settings(cfg) else
+                                     " (made with other studies, train or model settings)")
+                                  + ": nothing published (publish --replace replaces them)")
+            _drop(man, "studies/")
             add.update(files)
             man["studies"] = {"settings": study_settings(cfg), "slice": len(man["slices"]) + 1}
             studies_added = True
+    if replace and (foreign or conflicts or studies_added):  # the ledger was drawn from what is replaced
+        _drop(man, "figures/")
+        man.pop("figures", None)
     fig_dir = Path(figures_root) / cfg["name"]
     if complete and (man.get("studies") or not names) and all((fig_dir / n).is_file() for n in FIGURE_RECORDS):
         files = {f"figures/{n}": fig_dir / n for n in FIGURE_RECORDS}
@@ -185,8 +216,8 @@ def publish(cfg: dict, config_file: str, root: str | Path = RESULTS_ROOT, figure
                           f"{BUDGET_BYTES / 1e6:.0f} MB a config may keep; publish without spectra (--no-spectra) or "
                           "fewer runs. Nothing published")
     report = {"dest": dest, "runs": new_runs, "skipped": skipped, "studies": studies_added, "figures": figures_added,
-              "manifest": man, "total_bytes": total}
-    if not add:
+              "manifest": man, "total_bytes": total, "replaced": foreign + conflicts if replace else []}
+    if not add and not report["replaced"]:
         return report
     man["slices"].append({"slice": len(man["slices"]) + 1, **made_by(now), "runs": new_runs,
                           "studies": studies_added, "figures": figures_added})
@@ -204,6 +235,12 @@ def _write_folder(dest: Path, man: dict, add: dict[str, Path]) -> None:
         shutil.rmtree(stage)
     if dest.is_dir():
         shutil.copytree(dest, stage)
+        for p in sorted(stage.rglob("*"), reverse=True):  # records the manifest no longer lists (replaced)
+            rel = p.relative_to(stage).as_posix()
+            if p.is_file() and rel != MANIFEST and rel not in man["files"]:
+                p.unlink()
+            elif p.is_dir() and not any(p.iterdir()):
+                p.rmdir()
     for rel, src in add.items():
         target = stage / rel
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -338,7 +375,8 @@ def restore(cfg: dict, config_file: str, root: str | Path = RESULTS_ROOT, publis
 
 def _cmd_publish(args) -> int:
     cfg = load_config(args.config)
-    rep = publish(cfg, args.config, args.results, args.figures, args.published, spectra=not args.no_spectra)
+    rep = publish(cfg, args.config, args.results, args.figures, args.published, spectra=not args.no_spectra,
+                  replace=args.replace)
     man = rep["manifest"]
     total = len(man["grid"]["variants"]) * len(man["grid"]["seeds"])
     if not (rep["runs"] or rep["studies"] or rep["figures"]):
@@ -349,6 +387,8 @@ def _cmd_publish(args) -> int:
              + f"; {rep['total_bytes'] / 1e6:.1f} MB in git. Commit it: git add {rep['dest']}")
     for line in rep["skipped"]:
         _say(f"  not published: {line}")
+    for line in rep["replaced"]:
+        _say(f"  replaced or dropped: {line}")
     return 0
 
 
@@ -403,6 +443,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp = common(sub.add_parser("publish", help="results/ -> published/<name>/ (finished runs; extends)"))
     sp.add_argument("--figures", default="paper_figures", help="the report's root (default: %(default)s)")
     sp.add_argument("--no-spectra", action="store_true", help="publish no spectra/ (a config over the budget)")
+    sp.add_argument("--replace", action="store_true",
+                    help="replace published records that differ from results/, drop those not the config's own now "
+                         "(other settings or numerics); without it such records are refused")
     sp.set_defaults(func=_cmd_publish)
     common(sub.add_parser("restore", help="published/<name>/ -> results/ (hashes checked first)")).set_defaults(
         func=_cmd_restore)
