@@ -69,7 +69,7 @@ __all__ = ["VERDICTS", "NC", "TOO_FEW", "Rule", "Claim", "CLAIMS", "claim", "jud
            "CAUSE_VERDICTS", "HETEROINV_OSCILLATION", "NONE_MLP_PEAK", "MSIGN_OVERHEAD", "NOT_TESTED",
            "clopper_pearson", "binomial_p", "holm", "RESTORE_NULL", "CI_LEVEL", "FAIL_MARGINS_SENSITIVITY",
            "CHECK_SHARE", "MECH2_BASELINES", "MECH2_PRIMARY", "MECH2_SECONDARY", "MECH2_KINDS", "MECH2_RATES",
-           "MECH2_OUTCOMES", "mech2_contrast", "mech2_outcome", "mech2_primary_decisions", "mech2_values"]
+           "MECH2_OUTCOMES", "mech2_contrast", "mech2_outcome", "mech2_primary_decisions", "mech2_values", "INCOMPLETE"]
 
 NC = "not comparable at this scale"
 TOO_FEW = "too few seeds"
@@ -78,8 +78,11 @@ UNRESOLVED = "not resolved"
 CAUSE_VERDICTS = ("saturation supported", "solver supported", "both supported", "neither supported")
 #: The second mechanism experiment's verdict for a contrast whose manipulation check did not hold.
 NOT_TESTED = "not tested"
+#: Every verdict of a report drawn from part of its config's grid (``python -m mwm.report --partial``): the
+#: rules are written for the whole grid, so none is applied to part of it.
+INCOMPLETE = "not judged: incomplete"
 VERDICTS = ("reproduced", "not reproduced", TOO_FEW, NC, "contradicted by an audit", UNRESOLVED, *CAUSE_VERDICTS,
-            NOT_TESTED)
+            NOT_TESTED, INCOMPLETE)
 
 #: Section 2: alpha_opt(n) ~ 0.003 n^0.67 over n >= 32, r^2 = 0.74.
 ALPHA_FIT = {"prefactor": 0.003, "exponent": 0.67, "r2": 0.74, "min_n": 32}

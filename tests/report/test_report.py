@@ -294,7 +294,7 @@ def test_an_alpha_study_without_a_fit_still_reports(results, tmp_path, fit):
 def test_a_report_folder_that_cannot_be_written_is_a_one_line_error(tmp_path, capsys, monkeypatch):
     import mwm.report.__main__ as entry
 
-    def refuse(cfg, results, out):
+    def refuse(cfg, results, out, incomplete=None):
         raise PermissionError(13, "Permission denied", str(out / "ledger.csv"))
 
     monkeypatch.setattr(entry, "build", refuse)
@@ -346,7 +346,7 @@ def test_a_hand_report_replaces_its_folder_whole(tmp_path, monkeypatch, capsys):
     drawn = {"first": ("ledger.csv", "fig_ablation_val_loss.png"), "second": ("ledger.csv",)}
     calls = []
 
-    def fake_build(cfg, results, out):
+    def fake_build(cfg, results, out, incomplete=None):
         out.mkdir(parents=True, exist_ok=True)
         for name in drawn[calls[-1]]:
             (out / name).write_text(calls[-1])
@@ -365,3 +365,27 @@ def test_a_hand_report_replaces_its_folder_whole(tmp_path, monkeypatch, capsys):
     (mine / "notes.txt").write_text("keep")
     assert entry.main(["--config", ci, "--results", str(tmp_path), "--out", str(mine)]) == 2
     assert (mine / "notes.txt").read_text() == "keep" and "not a report's" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_partial_grid_reports_its_whole_seeds_stamped_and_judges_nothing(results, tmp_path, capsys):
+    """A long config run in slices: a report of the finished seeds, every page saying how many runs it holds,
+    every ledger row "not judged: incomplete"; never in paper_figures/<name>/, never a verdict."""
+    root, path, cfg = results
+    copy = tmp_path / "results"
+    shutil.copytree(root / "results", copy)
+    shutil.rmtree(copy / "runs" / "tiny" / "stiefel" / "seed1")  # one run of seed 1 not trained yet
+    assert main(["--config", str(path), "--results", str(copy), "--out", str(tmp_path / "pf")]) == 2
+    assert "stiefel" in capsys.readouterr().err  # the whole report still refuses a partial grid
+    assert main(["--config", str(path), "--results", str(copy), "--partial"]) == 0
+    out = copy / "partial" / "tiny"
+    from mwm.plan.runs import grid_variants
+
+    n = len(grid_variants(cfg["grid"]))
+    stamp = f"PARTIAL: {n} of {2 * n} runs (seeds 0 of 0, 1)"
+    assert stamp in capsys.readouterr().out
+    ledger = pd.read_csv(out / "ledger.csv")
+    assert set(ledger.verdict) == {paper.INCOMPLETE} and ledger.why.str.startswith(stamp).all()
+    tables = sorted(out.glob("table*.md"))
+    assert tables and all(stamp in t.read_text() for t in tables)
+    assert (out / "fig5_val_loss.png").is_file() and not (tmp_path / "paper_figures").exists()

@@ -14,6 +14,7 @@ experiment's, per baseline (:mod:`mwm.report.mechanism2`).
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import shutil
 import sys
@@ -21,6 +22,8 @@ from pathlib import Path
 
 from mwm.config import ConfigError, load_config
 from mwm.errors import write_failure
+from mwm.paths import inside
+from mwm.report import style
 from mwm.workflow.owner import check_owner
 from mwm.plan.runs import check_grid, config_dir
 from mwm.report.ledger import (build_ledger, build_mechanism2_ledger, build_mechanism_ledger, build_sweep_ledger,
@@ -34,7 +37,9 @@ from mwm.report.studies import SOLVER_STUDY_FILES, load_studies, solver_study_re
 from mwm.report.training import training_report, write_run_metrics
 
 
-def build(cfg: dict, results: Path, out: Path) -> Path:
+def build(cfg: dict, results: Path, out: Path, incomplete: str | None = None) -> Path:
+    """Every table and figure and the ledger of ``cfg`` from ``results`` into ``out``; ``incomplete`` (a
+    partial report): no ledger rule is applied, each row says so with that line."""
     folder = config_dir("studies", cfg["name"], results)
     if cfg["workflow"]["report"] == "solvers":  # a config that measures the inner solvers alone
         solver_study_report(load_studies(folder, required=SOLVER_STUDY_FILES, cfg=cfg), out)
@@ -43,21 +48,21 @@ def build(cfg: dict, results: Path, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     write_run_metrics(runs, out)  # every report with runs: one file that `dvc exp show` compares
     if cfg["workflow"]["report"] == "sweep":  # a learning-rate sweep: its figures, tables and ledger rows
-        write_ledger(build_sweep_ledger(cfg, sweep_report(cfg, runs, out)), out)
+        write_ledger(build_sweep_ledger(cfg, sweep_report(cfg, runs, out)), out, incomplete)
         return out
     if cfg["workflow"]["report"] == "mechanism":  # the causal experiment, and the solver study on its pairs
-        write_ledger(build_mechanism_ledger(cfg, mechanism_report(cfg, runs, out)), out)
+        write_ledger(build_mechanism_ledger(cfg, mechanism_report(cfg, runs, out)), out, incomplete)
         solver_study_report(load_studies(folder, required=SOLVER_STUDY_FILES, cfg=cfg), out)
         return out
     if cfg["workflow"]["report"] == "mechanism2":  # the second causal experiment, from its runs alone
-        write_ledger(build_mechanism2_ledger(cfg, mechanism2_report(cfg, runs, out)), out)
+        write_ledger(build_mechanism2_ledger(cfg, mechanism2_report(cfg, runs, out)), out, incomplete)
         return out
     studies = load_studies(folder, cfg=cfg)
     out.mkdir(parents=True, exist_ok=True)
     numbers = training_report(cfg, runs, out)
     studies_report(studies, out)
     solver_training_report(cfg, runs, studies, out)
-    write_ledger(build_ledger(cfg, numbers["results"], runs, studies), out)
+    write_ledger(build_ledger(cfg, numbers["results"], runs, studies), out, incomplete)
     return out
 
 
@@ -65,7 +70,7 @@ def build(cfg: dict, results: Path, out: Path) -> Path:
 REPORT_MARKS = ("ledger.csv", "metrics.json", "table_solvers.csv")
 
 
-def build_whole(cfg: dict, results: Path, out: Path) -> Path:
+def build_whole(cfg: dict, results: Path, out: Path, incomplete: str | None = None) -> Path:
     """:func:`build` into a fresh folder beside ``out``, then put it in ``out``'s place: no figure of an
     earlier report (another setting, a variant the config no longer has) stays beside the new ones, as under
     Snakemake, which deletes the folder first. An ``out`` holding files that are not a report's is refused."""
@@ -77,7 +82,7 @@ def build_whole(cfg: dict, results: Path, out: Path) -> Path:
         if leftover.exists():
             shutil.rmtree(leftover)
     try:
-        build(cfg, results, fresh)
+        build(cfg, results, fresh, incomplete)
     except BaseException:
         shutil.rmtree(fresh, ignore_errors=True)
         raise
@@ -88,19 +93,57 @@ def build_whole(cfg: dict, results: Path, out: Path) -> Path:
     return out
 
 
+def partial_view(cfg: dict, results: Path) -> tuple[dict, str]:
+    """For a config whose grid is trained in part: the config cut to the seeds at which every variant has
+    finished (the report draws whole seeds), and the line every page of its report carries."""
+    from mwm.plan.runs import Plan
+    from mwm.workflow.publish import finished_problem
+
+    plan = Plan(cfg, results)
+    done = {(v, s) for v in plan.variants for s in plan.seeds if finished_problem(plan, v, s) is None}
+    seeds = [s for s in plan.seeds if all((v, s) in done for v in plan.variants)]
+    total = len(plan.variants) * len(plan.seeds)
+    if not seeds:
+        raise ReportError(f"no seed of config {cfg['name']!r} has every variant finished ({len(done)} of {total} "
+                          "runs are): a partial report draws whole seeds")
+    if len(seeds) == len(plan.seeds):
+        raise ReportError(f"every run of config {cfg['name']!r} is finished: run the report without --partial")
+    view = copy.deepcopy(cfg)
+    view["grid"]["seeds"] = seeds
+    drawn = len(seeds) * len(plan.variants)
+    return view, (f"PARTIAL: {drawn} of {total} runs (seeds {', '.join(map(str, seeds))} of "
+                  f"{', '.join(map(str, plan.seeds))}); no verdict is drawn from part of the grid")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mwm.report", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", required=True)
     ap.add_argument("--results", default="results")
-    ap.add_argument("--out", default=None, help="default: paper_figures/<config name>")
+    ap.add_argument("--out", default=None,
+                    help="default: paper_figures/<config name> (with --partial: <results>/partial/<config name>)")
+    ap.add_argument("--partial", action="store_true",
+                    help="a grid trained in part (a long config run in slices): the seeds every variant has "
+                         "finished, every figure and page stamped with how many runs it holds, and no ledger "
+                         "verdict (each row: not judged: incomplete)")
     args = ap.parse_args(argv)
     try:
         cfg = load_config(args.config)
         check_grid(cfg["grid"])
         check_owner(args.results, cfg, args.config)  # a copied config keeping the name is refused
-        out = Path(args.out) if args.out else config_dir("figures", cfg["name"])
-        build_whole(cfg, Path(args.results), out)
+        if not args.partial:
+            out = Path(args.out) if args.out else config_dir("figures", cfg["name"])
+            build_whole(cfg, Path(args.results), out)
+        else:  # never in paper_figures/<name>/, whose every number comes from the whole grid
+            view, stamp = partial_view(cfg, Path(args.results))
+            out = Path(args.out) if args.out else inside(Path(args.results) / "partial", cfg["name"],
+                                                         what="config name (in the partial reports)")
+            style.STAMP = stamp
+            try:
+                build_whole(view, Path(args.results), out, incomplete=stamp)
+            finally:
+                style.STAMP = None
+            print(stamp)
     except (ConfigError, ReportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

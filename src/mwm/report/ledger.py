@@ -561,7 +561,11 @@ def build_mechanism2_ledger(cfg: dict, res: pd.DataFrame) -> pd.DataFrame:
     return build_values_ledger(cfg, mechanism2_ledger_values(cfg, res), "mechanism2 runs")
 
 
-def write_ledger(df: pd.DataFrame, out: Path) -> None:
+def write_ledger(df: pd.DataFrame, out: Path, incomplete: str | None = None) -> None:
+    """``ledger.csv`` and ``ledger.md``. ``incomplete`` (a partial report: which runs it holds): every row's
+    verdict is :data:`mwm.paper.INCOMPLETE` with that as its why, its rebuilt value shown but not judged."""
+    if incomplete:
+        df = df.assign(verdict=paper.INCOMPLETE, why=incomplete)
     atomic_write_text(out / "ledger.csv", df.to_csv(index=False))
     counts = df.verdict.value_counts()
     lines = ["# Ledger: the paper's numbers, rebuilt", "",

@@ -62,8 +62,15 @@ def legend_below(fig, ax, ncol: int | None = None) -> None:
         fig.legend(handles, labels, loc="outside lower center", ncol=ncol or min(len(labels), 6))
 
 
+#: A line every figure and page of the report being built carries (a partial report's "N of M runs"), or None.
+STAMP: str | None = None
+
+
 def save(fig, out_dir: str | Path, stem: str) -> list[Path]:
-    """Save ``fig`` as ``stem.png`` and ``stem.pdf`` (atomically) and close it."""
+    """Save ``fig`` as ``stem.png`` and ``stem.pdf`` (atomically) and close it; with :data:`STAMP`, that line
+    across its top."""
+    if STAMP:
+        fig.text(0.5, 1.0, STAMP, ha="center", va="top", fontsize=7, color="#b00000")
     out = []
     for ext in ("png", "pdf"):
         path = Path(out_dir) / f"{stem}.{ext}"

@@ -7,6 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from mwm.io import atomic_write_text
+from mwm.report import style
 
 __all__ = ["write_table", "fmt"]
 
@@ -53,6 +54,8 @@ def write_table(df: pd.DataFrame, out_dir: str | Path, stem: str, caption: str) 
     out_dir = Path(out_dir)
     paths = [out_dir / f"{stem}.{e}" for e in ("csv", "md", "tex")]
     atomic_write_text(paths[0], df.to_csv(index=False))
+    if style.STAMP:
+        caption = f"{caption} [{style.STAMP}]"
     atomic_write_text(paths[1], f"**{caption}**\n\n" + _md(df))
     atomic_write_text(paths[2], _tex(df, caption))
     return paths
