@@ -24,7 +24,7 @@ from typing import TextIO
 
 from mwm.paths import inside
 from mwm.plan.runs import Plan
-from mwm.workflow.records import MANIFEST, RecordError, machine, verify
+from mwm.workflow.records import MANIFEST, RecordError, machine, parse_run_key, verify
 
 __all__ = ["RTOL", "ATOL", "FileResult", "compare_text", "compare_config"]
 
@@ -187,13 +187,13 @@ def compare_config(cfg: dict, folder: Path, root: str | Path, figures_root: str 
     figures = Path(figures_root) / cfg["name"]
     results, missing, copies, foreign = [], [], [], []
     for key in sorted(man["runs"]):
-        variant, _, s = key.rpartition("/")
-        here = plan.run(variant, int(s[4:])).dir if variant in plan.variants and int(s[4:]) in plan.seeds else None
+        variant, seed = parse_run_key(key)
+        here = plan.run(variant, seed).dir if variant in plan.variants and seed in plan.seeds else None
         summary = (here / "summary.json") if here else None
         if summary is None or not summary.is_file():
             continue
         try:
-            problem = plan.problem(json.loads(summary.read_text()), variant, int(s[4:]))
+            problem = plan.problem(json.loads(summary.read_text()), variant, seed)
         except ValueError as exc:
             problem = f"summary.json is not valid JSON ({exc})"
         if problem:

@@ -35,8 +35,8 @@ from mwm.numerics import VERSION
 from mwm.plan.runs import FINAL_STATUSES, RESULTS_ROOT, Plan
 from mwm.workflow.owner import check_owner, claim
 from mwm.workflow.records import (BUDGET_BYTES, FIGURE_RECORDS, FORMAT, MANIFEST, PUBLISHED_ROOT, RUN_RECORDS,
-                                  SPECTRA, RecordError, data_digest, made_by, packed_size, published_dir,
-                                  run_key, sha256_of, study_settings, verify)
+                                  SPECTRA, RecordError, data_digest, holds_record, made_by, packed_size,
+                                  parse_run_key, published_dir, run_key, sha256_file, study_settings, verify)
 from mwm.workflow.stages import REPORT_INPUTS, study_files
 
 __all__ = ["finished_problem", "publish", "restore", "main"]
@@ -82,7 +82,7 @@ def finished_problem(plan: Plan, variant: str, seed: int) -> str | None:
 
 
 def _entry(path: Path) -> dict:
-    return {"sha256": sha256_of(path), "bytes": path.stat().st_size, "packed": packed_size(path)}
+    return {"sha256": sha256_file(path), "bytes": path.stat().st_size, "packed": packed_size(path)}
 
 
 # --- publish ------------------------------------------------------------------------------
@@ -127,10 +127,10 @@ def publish(cfg: dict, config_file: str, root: str | Path = RESULTS_ROOT, figure
         man = {**fresh, "slices": []}
     foreign = []
     for key in sorted(man["runs"]):
-        variant, _, seed = key.rpartition("/")
+        variant, seed = parse_run_key(key)
         summary = _read_json(dest / "runs" / key / "summary.json") or {}
-        why = ("not a run of the config's grid now" if variant not in plan.variants or int(seed[4:]) not in plan.seeds
-               else plan.problem(summary, variant, int(seed[4:])))
+        why = ("not a run of the config's grid now" if variant not in plan.variants or seed not in plan.seeds
+               else plan.problem(summary, variant, seed))
         if why:
             foreign.append(f"{key}: {why}")
             if replace:
@@ -158,8 +158,7 @@ def publish(cfg: dict, config_file: str, root: str | Path = RESULTS_ROOT, figure
             continue
         files = {f"runs/{key}/{f}": r.dir / f for f in _run_files(r.dir, spectra)}
         if key in man["runs"]:
-            differ = [rel for rel in files
-                      if rel in man["files"] and sha256_of(files[rel]) != man["files"][rel]["sha256"]]
+            differ = [rel for rel in files if rel in man["files"] and not holds_record(man, rel, files[rel])]
             if not differ:
                 continue
             conflicts.append(f"{r.dir / Path(differ[0]).relative_to(f'runs/{key}')} differs from the published "
@@ -186,8 +185,7 @@ def publish(cfg: dict, config_file: str, root: str | Path = RESULTS_ROOT, figure
     if names and all((study_dir / n).is_file() for n in names):
         files = {f"studies/{n}": study_dir / n for n in names}
         old = man.get("studies") or {}
-        same = old.get("settings") == study_settings(cfg) and all(
-            rel in man["files"] and sha256_of(p) == man["files"][rel]["sha256"] for rel, p in files.items())
+        same = old.get("settings") == study_settings(cfg) and all(holds_record(man, r, p) for r, p in files.items())
         if not same:
             if old and not replace:
                 raise RecordError(f"the studies in {study_dir} differ from those published in {dest}/studies"
@@ -204,7 +202,7 @@ def publish(cfg: dict, config_file: str, root: str | Path = RESULTS_ROOT, figure
     fig_dir = Path(figures_root) / cfg["name"]
     if complete and (man.get("studies") or not names) and all((fig_dir / n).is_file() for n in FIGURE_RECORDS):
         files = {f"figures/{n}": fig_dir / n for n in FIGURE_RECORDS}
-        if not all(rel in man["files"] and sha256_of(p) == man["files"][rel]["sha256"] for rel, p in files.items()):
+        if not all(holds_record(man, rel, p) for rel, p in files.items()):
             add.update(files)
             man["figures"] = {"slice": len(man["slices"]) + 1, "runs": len(man["runs"])}
             figures_added = True
@@ -260,10 +258,6 @@ def _write_folder(dest: Path, man: dict, add: dict[str, Path]) -> None:
 # --- restore ------------------------------------------------------------------------------
 
 
-def _same_files(src_root: Path, dst_root: Path, rels: list[str]) -> bool:
-    return all((dst_root / r).is_file() and sha256_of(dst_root / r) == sha256_of(src_root / r) for r in rels)
-
-
 def _ensure_data(cfg: dict, folder: Path) -> bool:
     """Prepare the config's dataset when it is missing (the data rule's own work); True when it did."""
     if (folder / "meta.json").is_file():
@@ -303,12 +297,12 @@ def restore(cfg: dict, config_file: str, root: str | Path = RESULTS_ROOT, publis
     out = {"restored": [], "present": [], "kept": [], "refused": [], "studies": None, "data_prepared": False}
     todo = []
     for key in sorted(man["runs"]):
-        variant, _, seed_part = key.rpartition("/")
-        seed = int(seed_part[len("seed"):]) if seed_part.startswith("seed") and seed_part[4:].isdigit() else None
+        variant, seed = parse_run_key(key)
         if variant not in plan.variants or seed not in plan.seeds:
             out["refused"].append(f"{key}: not a run of the config's grid now")
             continue
-        rels = sorted(r[len(f"runs/{key}/"):] for r in man["files"] if r.startswith(f"runs/{key}/"))
+        prefix = f"runs/{key}/"
+        rels = sorted(r[len(prefix):] for r in man["files"] if r.startswith(prefix))
         summary = _read_json(src / "runs" / key / "summary.json") or {}
         problem = plan.problem(summary, variant, seed)
         if problem:
@@ -316,7 +310,7 @@ def restore(cfg: dict, config_file: str, root: str | Path = RESULTS_ROOT, publis
             continue
         target = plan.run(variant, seed).dir
         if target.exists():
-            if _same_files(src / "runs" / key, target, rels):
+            if all(holds_record(man, prefix + r, target / r) for r in rels):
                 out["present"].append(key)
             else:
                 out["kept"].append(f"{key}: {target} is there and differs from the published record (left as it is)")
@@ -327,19 +321,16 @@ def restore(cfg: dict, config_file: str, root: str | Path = RESULTS_ROOT, publis
     study_dir = Path(plan.folders["studies"])
     if sec:
         names = sorted(r[len("studies/"):] for r in man["files"] if r.startswith("studies/"))
+        missing = [n for n in names if not (study_dir / n).is_file()]
+        clash = [n for n in names if n not in missing and not holds_record(man, f"studies/{n}", study_dir / n)]
         if sec.get("settings") != study_settings(cfg):
             out["studies"] = "refused: the config's studies, train or model settings changed since they were published"
-        elif all((study_dir / n).is_file() for n in names) and _same_files(src / "studies", study_dir, names):
+        elif clash:
+            out["studies"] = f"kept: {study_dir / clash[0]} is there and differs from the published record"
+        elif not missing:
             out["studies"] = "present"
         else:
-            studies_todo = [n for n in names if not (study_dir / n).is_file()]
-            clash = [n for n in names if (study_dir / n).is_file()
-                     and sha256_of(study_dir / n) != sha256_of(src / "studies" / n)]
-            if clash:
-                out["studies"] = f"kept: {study_dir / clash[0]} is there and differs from the published record"
-                studies_todo = []
-            else:
-                out["studies"] = "restored"
+            studies_todo, out["studies"] = missing, "restored"
     if not todo and not studies_todo:
         return out
     data = Path(plan.folders["data"])

@@ -14,7 +14,6 @@ Torch-free: the records are files and hashes; what they mean is the plan's (:mod
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import platform
@@ -24,14 +23,15 @@ from importlib import metadata
 from pathlib import Path
 
 from mwm.config import ConfigError, config_hash
+from mwm.data.reader import sha256_file
 from mwm.numerics import code_version
 from mwm.paths import inside
 from mwm.plan.runs import RUN_FILES, RUN_FOLDERS
 from mwm.workflow.stages import STAGES, rule_file_sections
 
 __all__ = ["PUBLISHED_ROOT", "MANIFEST", "FORMAT", "BUDGET_BYTES", "RUN_RECORDS", "SPECTRA", "FIGURE_RECORDS",
-           "RecordError", "published_dir", "sha256_of", "packed_size", "machine", "made_by", "study_settings",
-           "data_digest", "read_manifest", "verify", "run_key"]
+           "RecordError", "published_dir", "sha256_file", "packed_size", "machine", "made_by", "study_settings",
+           "data_digest", "read_manifest", "verify", "run_key", "parse_run_key", "holds_record"]
 
 #: Where published records live, beside config/ in the checkout: ``published/<name>/``.
 PUBLISHED_ROOT = "published"
@@ -63,12 +63,17 @@ def run_key(variant: str, seed: int) -> str:
     return f"{variant}/seed{seed}"
 
 
-def sha256_of(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+def parse_run_key(key: str) -> tuple[str, int | None]:
+    """``(variant, seed)`` of a run key (:func:`run_key`); the seed None when the key names none."""
+    variant, _, folder = key.rpartition("/")
+    number = folder[len("seed"):]
+    return variant, int(number) if folder.startswith("seed") and number.isdigit() else None
+
+
+def holds_record(man: dict, rel: str, path: Path) -> bool:
+    """Whether ``path`` holds the bytes the manifest ``man`` lists as record ``rel``."""
+    entry = man["files"].get(rel)
+    return entry is not None and path.is_file() and sha256_file(path) == entry["sha256"]
 
 
 def packed_size(path: str | Path) -> int:
@@ -160,7 +165,7 @@ def verify(folder: Path) -> dict:
         if not path.is_file():
             raise RecordError(f"{path} is listed in {folder / MANIFEST} but missing: restore it from git "
                               f"(git checkout -- {folder})")
-        if path.stat().st_size != entry["bytes"] or sha256_of(path) != entry["sha256"]:
+        if path.stat().st_size != entry["bytes"] or sha256_file(path) != entry["sha256"]:
             raise RecordError(f"{path} is not the published record (its sha256 or size differs from "
                               f"{folder / MANIFEST}): it was edited or damaged; nothing is trusted from {folder} "
                               f"(git checkout -- {path} restores it)")
