@@ -564,3 +564,20 @@ def test_the_cheapest_matching_candidate_does_not_depend_on_the_clock():
                 row("admm-cold-T1-rho2", 0.0079, 2.0, walls[1])]
         _, derived = summarise(rows, "da-cold-T20")
         assert derived["by_manifold"]["dgram"]["cheapest_matching"]["candidate"] == "admm-cold-T1-rho2"
+
+
+@pytest.mark.parametrize("name", ["stiefel", "dgram"])
+def test_admm_continued_from_its_state_is_one_uninterrupted_solve(name):
+    g = torch.Generator().manual_seed(3)
+    W, _ = torch.linalg.qr(torch.randn(2, 48, 16, generator=g, dtype=torch.float64))
+    if name == "dgram":
+        W = W * torch.logspace(-1, 0, 16, dtype=torch.float64)
+    G = torch.randn(2, 48, 16, generator=g, dtype=torch.float64)
+    whole = admm(W, G, name, rho=2.0, steps=12)
+    first = admm(W, G, name, rho=2.0, steps=5)
+    rest = admm(W, G, name, rho=2.0, steps=7, Lambda0=first.Lambda, A0=first.A)
+    assert torch.allclose(rest.A, whole.A, atol=1e-10) and torch.allclose(rest.Lambda, whole.Lambda, atol=1e-10)
+    # a wide pair continues in its own orientation
+    wide = admm(W.mT, G.mT, name, rho=2.0, steps=5)
+    assert torch.allclose(admm(W.mT, G.mT, name, rho=2.0, steps=7, Lambda0=wide.Lambda, A0=wide.A).A,
+                          whole.A.mT, atol=1e-10)

@@ -70,3 +70,22 @@ def test_run_checks_records_both_with_their_scope():
     assert out["solver"]["passed"] is True and out["solver"]["modules"] == ["attn"]
     assert out["saturation"]["passed"] is False
     assert m.run_checks({}, [], [])["solver"]["passed"] is None
+
+
+def test_per_kind_check_fails_the_kind_a_pooled_median_hides():
+    # attention fails its violation, the MLP passes with more rows: the pooled median passes
+    rows = ([{"step": 50, "module": "attn", "alignment": 0.95, "alignment_converged": 1.0, "violation": 0.035,
+              "gap_converged": 1e-3}] * 3
+            + [{"step": 50, "module": "mlp", "alignment": 0.95, "alignment_converged": 1.0, "violation": 0.01,
+                "gap_converged": -4e-3}] * 4)
+    out = m.solver_check(rows)
+    assert out["passed"] is True
+    assert out["per_kind"]["attn"]["passed"] is False and out["per_kind"]["mlp"]["passed"] is True
+    assert out["per_kind"]["attn"]["violation_max"] == 0.035
+    assert out["reference_gap_max"] == 4e-3  # the largest |gap| on the checked rows
+    # scoped to the MLP, only its kind is recorded
+    assert set(m.solver_check(rows, ("mlp",))["per_kind"]) == {"mlp"}
+
+
+def test_reference_gap_is_unknown_without_the_column():
+    assert m.solver_check(solver_rows([50]))["reference_gap_max"] is None

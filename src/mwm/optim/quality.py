@@ -16,13 +16,19 @@ pair ``(W, U)`` that step consumed (weight, Nesterov momentum) and the direction
     :func:`mwm.optim.solvers.solve_scale`), so values compare across weight scales.
 ``scale``
     ``s``; on DGram it is the matrix's ``sigma_max``.
+``gap_converged``
+    the reference's certified duality gap (below).
 
-The reference is ADMM on ``W / s`` (:func:`mwm.optim.solvers.scaled_solve`), cold, rho 2,
-:data:`REFERENCE_STEPS` iterations in float32 msign: scale-free, and within 0.01 of the
-alignment of a 300-iteration solve on Stiefel and DGram pairs of the mini model's shapes at
-scales 1-100 (``tests/optim/test_quality.py``), at the cost of one paper solve (20 msign-equivalents).
-It is one extra solve per matrix at evaluations only, on banks of equal width zero-padded to
-their tallest matrix as the optimizer banks them (a zero row changes no column here).
+The reference is a solve run to a stated tolerance, certified by duality (:func:`converged_solve`):
+ADMM on ``W / s`` (:func:`mwm.optim.solvers.scaled_solve`'s scaling), cold, rho :data:`REFERENCE_RHO`,
+float32 msign of :data:`REFERENCE_MSIGN_STEPS` Polar Express steps, continued in chunks of
+:data:`REFERENCE_CHUNK` iterations until every matrix of its bank has a duality gap of at most
+:data:`GAP_TOL` and a tangent violation of at most :data:`VIOLATION_TOL`, or :data:`REFERENCE_MAX_STEPS`.
+The gap ``(||G + 2 W Lambda||_* - tr(G^T A)) / ||G||_*`` bounds, in alignment units, how far the
+reference's alignment can be below the optimum: every feasible direction's alignment is at most the
+dual value ``||G + 2 W Lambda||_* / ||G||_*`` for any multiplier fixed by ``P``. ``gap_converged``
+records it per matrix, so a reference that stopped at the cap says so. No training setting is the
+reference's: an arm is never checked against itself. Pairs are measured in banks of one tall shape.
 """
 
 from __future__ import annotations
@@ -32,26 +38,57 @@ import torch
 from mwm.optim.assignments import layer_of
 from mwm.optim.dual_ascent import as_manifold
 from mwm.optim.manifolds import rms, to_tall
-from mwm.optim.solvers import SolverSettings, scaled_solve, solve_scale
+from mwm.optim.solvers import admm, solve_scale
 
-__all__ = ["QUALITY_COLUMNS", "QUALITY_MANIFOLDS", "REFERENCE_STEPS", "REFERENCE", "reference_settings",
-           "solve_quality", "quality_rows"]
+__all__ = ["QUALITY_COLUMNS", "QUALITY_MANIFOLDS", "REFERENCE_RHO", "REFERENCE_MSIGN_STEPS", "REFERENCE_CHUNK",
+           "REFERENCE_MAX_STEPS", "GAP_TOL", "VIOLATION_TOL", "duality_gap", "converged_solve", "solve_quality",
+           "quality_rows"]
 
 QUALITY_COLUMNS = ["step", "name", "layer", "module", "matrix", "manifold", "scale", "alignment",
-                   "alignment_converged", "violation", "violation_converged"]
+                   "alignment_converged", "violation", "violation_converged", "gap_converged"]
 #: The manifolds whose solves are measured (those of the inner problem with a tangent-space constraint
 #: the ADMM reference handles exactly; plain Muon's direction is msign(U), alignment 1 by construction).
 QUALITY_MANIFOLDS = ("stiefel", "dgram")
-#: Iterations of the converged reference.
-REFERENCE_STEPS = 10
-#: The reference solve's settings (cold, rho 2, float32 msign, scale-normalized).
-REFERENCE = dict(solver="admm", rho=2.0, steps=REFERENCE_STEPS, tol=None, warm_start=False, precision="float32",
-                 normalize=True)
+#: The reference's ADMM penalty (rho 4 diverges on grown DGram attention pairs in float32).
+REFERENCE_RHO = 2.0
+#: Polar Express steps of the reference's msigns: 10 leave square DGram matrices' gap at about 1e-2.
+REFERENCE_MSIGN_STEPS = 20
+#: Iterations between two checks of the stopping rule.
+REFERENCE_CHUNK = 10
+#: The reference's iteration cap (grown DGram pairs of the mini model need 60-120).
+REFERENCE_MAX_STEPS = 300
+#: The stopping rule: every matrix's duality gap (alignment units) at most this ...
+GAP_TOL = 2e-3
+#: ... and its tangent violation at unit weight scale at most this.
+VIOLATION_TOL = 1e-3
 
 
-def reference_settings() -> SolverSettings:
-    """:data:`REFERENCE` as :class:`~mwm.optim.solvers.SolverSettings` (the schema's other defaults)."""
-    return SolverSettings.defaults(**REFERENCE)
+def duality_gap(Wt: torch.Tensor, Gt: torch.Tensor, A: torch.Tensor, Lam: torch.Tensor) -> torch.Tensor:
+    """``(||G + 2 W Lambda||_* - tr(G^T A)) / ||G||_*`` per matrix (tall inputs, ``Lambda`` fixed by ``P``),
+    in float64."""
+    W, G, A, L = (t.double() for t in (Wt, Gt, A, Lam))
+    nuc = torch.linalg.matrix_norm(G, "nuc").clamp_min(torch.finfo(torch.float64).tiny)
+    return (torch.linalg.matrix_norm(G + 2.0 * W @ L, "nuc") - (G * A).sum(dim=(-2, -1))) / nuc
+
+
+@torch.no_grad()
+def converged_solve(Wt: torch.Tensor, Gt: torch.Tensor, manifold) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference direction of a bank of tall pairs at unit weight scale (``Wt = W / s``) and its
+    duality gap: the module doc's stopping rule. Returns ``(A, gap)``."""
+    mf = as_manifold(manifold)
+    Lam = A = None
+    done = 0
+    while True:
+        res = admm(Wt, Gt, mf, rho=REFERENCE_RHO, steps=REFERENCE_CHUNK, Lambda0=Lam, A0=A,
+                   msign_steps=REFERENCE_MSIGN_STEPS, precision="float32")
+        done += REFERENCE_CHUNK
+        Lam, A = res.Lambda, res.A
+        gap = duality_gap(Wt, Gt, A, Lam)
+        X = Wt.mT @ A
+        viol = rms(mf.project_(X + X.mT))
+        met = bool((gap.abs() <= GAP_TOL).all() and (viol <= VIOLATION_TOL).all())
+        if met or done >= REFERENCE_MAX_STEPS or not bool(torch.isfinite(gap).all()):
+            return A, gap
 
 
 @torch.no_grad()
@@ -60,33 +97,31 @@ def solve_quality(W: torch.Tensor, U: torch.Tensor, A: torch.Tensor, manifold) -
     (tall or wide; ``manifold``: a name or one name per matrix, Stiefel and DGram)."""
     mf = as_manifold(manifold)
     s = solve_scale(W, mf)
-    ref = scaled_solve(W, U, mf, reference_settings(), s).A
     Wt, Ut = to_tall(W)[0], to_tall(U)[0]
+    Wn = Wt / s[..., None, None]
+    ref, gap = converged_solve(Wn, Ut, mf)
     nuc = torch.linalg.matrix_norm(Ut, "nuc").clamp_min(torch.finfo(Ut.dtype).tiny)
     out = {"scale": s}
-    for key, D in (("", A), ("_converged", ref)):
-        Dt = to_tall(D)[0]
-        X = (Wt / s[..., None, None]).mT @ Dt
-        out["alignment" + key] = (Ut * Dt).sum(dim=(-2, -1)) / nuc
+    for key, D in (("", to_tall(A)[0]), ("_converged", ref)):
+        X = Wn.mT @ D
+        out["alignment" + key] = (Ut * D).sum(dim=(-2, -1)) / nuc
         out["violation" + key] = rms(mf.project_(X + X.mT))
+    out["gap_converged"] = gap
     return out
 
 
 def quality_rows(consumed: dict, directions: dict, step: int) -> list[dict]:
     """Rows of ``solver.csv`` for one step: ``consumed`` as :meth:`mwm.optim.muon.ManifoldMuon.step_with_inputs`
     returns it (``{name: (manifold, W, U)}``), ``directions`` the step direction of each. Pairs are
-    measured in banks of equal tall width (Stiefel and DGram together, zero-padded to the tallest), the
-    rows in name order."""
-    banks: dict[int, list[str]] = {}
+    measured in banks of one tall shape (Stiefel and DGram together), the rows in name order."""
+    banks: dict[tuple, list[str]] = {}
     for name, (manifold, W, _) in consumed.items():
         if manifold in QUALITY_MANIFOLDS and name in directions:
-            banks.setdefault(to_tall(W)[0].shape[-1], []).append(name)
+            banks.setdefault(tuple(to_tall(W)[0].shape), []).append(name)
     rows = []
     for names in banks.values():
-        tall = [[to_tall(t)[0].float() for t in (consumed[n][1], consumed[n][2], directions[n])] for n in names]
-        height = max(t[0].shape[-2] for t in tall)
-        W, U, A = (torch.stack([torch.nn.functional.pad(t[k], (0, 0, 0, height - t[k].shape[-2])) for t in tall])
-                   for k in range(3))
+        W, U, A = (torch.stack([to_tall(t)[0].float() for t in ts])
+                   for ts in zip(*[(consumed[n][1], consumed[n][2], directions[n]) for n in names]))
         q = {k: v.double().cpu().tolist() for k, v in solve_quality(W, U, A, [consumed[n][0] for n in names]).items()}
         for i, name in enumerate(names):
             rows.append({"step": step, "name": name, "layer": layer_of(name),

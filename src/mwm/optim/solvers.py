@@ -185,8 +185,11 @@ def admm(
     msign_steps: int = DEFAULT_STEPS,
     Lambda0: torch.Tensor | None = None,
     precision: str = "float32",
+    A0: torch.Tensor | None = None,
 ) -> DualAscentResult:
-    """ADMM on the inner problem (module doc); arguments as :func:`~mwm.optim.dual_ascent.dual_ascent`."""
+    """ADMM on the inner problem (module doc); arguments as :func:`~mwm.optim.dual_ascent.dual_ascent`.
+    ``A0``: the scaled dual variable to start from (the ``A`` of an earlier result of the same pair, with
+    its ``Lambda`` as ``Lambda0``, continues that solve exactly); None: zeros."""
     check_inputs(W, G)
     rho, steps = or_default(rho, "admm_rho"), or_default(steps, "dual_ascent_steps")
     snaps = check_iterations("ADMM", steps, snapshots)
@@ -200,7 +203,7 @@ def admm(
     d = (Wt.square().sum(dim=-2)).clamp_min(1e-30)  # diag(W^T W)
     inv_denom = 1.0 / (d[..., :, None] + d[..., None, :])
     Lam = start_multiplier(mf, Wt, Gn, Lambda0, scale=g_scale)
-    A = torch.zeros_like(Gn)
+    A = torch.zeros_like(Gn) if A0 is None else tall_pair(W, A0)[1].to(Gn.dtype)
     history, out_snaps = [], {}
     stop = Tolerance(tol, Wt.shape[:-2], steps, Wt.device) if tol is not None else None
     it = 0

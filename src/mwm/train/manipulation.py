@@ -9,7 +9,9 @@ evaluation after step 0 it has; none at all: unknown, ``passed`` None):
     the inner solve follows the momentum: over the run's Stiefel and DGram matrices of the checked
     modules (``train.solver_normalize``'s scope, else every module), the median alignment is at least
     :data:`ALIGNMENT_SHARE` of the converged solve's median on the same pairs, and the median tangent
-    violation (at unit weight scale) at most :data:`VIOLATION_MAX`.
+    violation (at unit weight scale) at most :data:`VIOLATION_MAX`. The same is recorded per module kind
+    (``per_kind``: attention and MLP apart, whose alignments differ, so a pooled median never hides a
+    failing kind), with the largest duality gap of the converged reference on the checked rows.
 ``saturation`` (``attention.csv``, :mod:`mwm.train.diagnostics`)
     softmax is not saturated: every layer's attention entropy (mean over its heads) is at least
     :data:`ENTROPY_MIN` nats.
@@ -60,8 +62,20 @@ def _number(x) -> float:
 def solver_check(rows: Iterable[Mapping], modules: Sequence[str] = ("attn", "mlp")) -> dict:
     """The solver check on ``solver.csv`` rows (dicts with step, module, alignment, alignment_converged,
     violation): ``passed`` (None without a checked evaluation), the evaluations checked, and the worst
-    of them (lowest alignment share, highest violation). A non-finite value fails its evaluation."""
+    of them (lowest alignment share, highest violation), pooled over ``modules`` and ``per_kind``
+    (each module kind of ``modules`` alone). A non-finite value fails its evaluation."""
     rows = [r for r in rows if r["module"] in modules]
+    out = _solver_summary(rows, modules)
+    out["per_kind"] = {m: _solver_summary([r for r in rows if r["module"] == m], (m,)) for m in modules}
+    gaps = [abs(_number(r["gap_converged"])) for r in rows if "gap_converged" in r
+            and int(float(r["step"])) in set(_steps(rows))]
+    out["reference_gap_max"] = max(gaps, key=_nan_high) if gaps else None
+    if out["reference_gap_max"] is not None and not math.isfinite(out["reference_gap_max"]):
+        out["reference_gap_max"] = None
+    return out
+
+
+def _solver_summary(rows: list, modules: Sequence[str]) -> dict:
     per_step = []
     for step in _steps(rows):
         at = [r for r in rows if int(float(r["step"])) == step]
