@@ -46,7 +46,7 @@ cell counts only where the intervention's manipulation check passed; a contrast 
 tested" when it failed or is unknown in more than :data:`CHECK_SHARE` of them. The share
 restored is judged by its Clopper-Pearson interval against :data:`RESTORE_NULL`, and the four
 primary contrasts (:data:`MECH2_PRIMARY` x baselines) also by Holm's step-down over those
-tested (:func:`mech2_primary_decisions`); the report passes :func:`mech2_values` to
+tested (:func:`mech_primary_decisions`); the report passes :func:`mech_values` to
 :func:`judge`. Harm (the intervention failing where the plain arm trained) is counted and shown.
 
 Sections: 2 "Scaling the dual ascent to 768x768", 3 "Retraction absorbs dual ascent
@@ -69,7 +69,8 @@ __all__ = ["VERDICTS", "NC", "TOO_FEW", "Rule", "Claim", "CLAIMS", "claim", "jud
            "CAUSE_VERDICTS", "HETEROINV_OSCILLATION", "NONE_MLP_PEAK", "MSIGN_OVERHEAD", "NOT_TESTED",
            "clopper_pearson", "binomial_p", "holm", "RESTORE_NULL", "CI_LEVEL", "FAIL_MARGINS_SENSITIVITY",
            "CHECK_SHARE", "MECH2_BASELINES", "MECH2_PRIMARY", "MECH2_SECONDARY", "MECH2_KINDS", "MECH2_RATES",
-           "MECH2_OUTCOMES", "mech2_contrast", "mech2_outcome", "mech2_primary_decisions", "mech2_values", "INCOMPLETE"]
+           "MECH2_OUTCOMES", "mech2_contrast", "mech2_outcome", "mech_primary_decisions", "mech_values", "INCOMPLETE",
+           "MechRound", "ROUND2", "ROUNDS"]
 
 NC = "not comparable at this scale"
 TOO_FEW = "too few seeds"
@@ -153,6 +154,31 @@ CI_LEVEL = 0.95
 CHECK_SHARE = 0.5
 #: A contrast's outcome (mech2_outcome), as the cause rows read it.
 MECH2_OUTCOMES = ("restores", "does not restore", UNRESOLVED, NOT_TESTED)
+
+
+@dataclass(frozen=True)
+class MechRound:
+    """One pre-registered round of the per-baseline mechanism experiment: the ``<prefix>.*`` rows, decided by
+    the same procedure (:func:`mech2_contrast`, :func:`mech_values`) over its own arms, rates and checks.
+
+    ``kinds``: its interventions, the ``primary`` ones in Holm's family (x :data:`MECH2_BASELINES`);
+    ``rates``: the step sizes of its (rate, seed) cells (``<prefix>.fails`` reads the largest);
+    ``per_kind_check``: the solver check must hold in attention and in the MLP apart (else pooled);
+    ``arms``: what each kind's arm does, as the rules say it."""
+
+    prefix: str
+    report: str
+    rebuild: str
+    rates: tuple[float, ...]
+    min_seeds: int
+    kinds: tuple[str, ...]
+    primary: tuple[str, ...]
+    per_kind_check: bool
+    arms: Mapping[str, str]
+
+    @property
+    def secondary(self) -> tuple[str, ...]:
+        return tuple(k for k in self.kinds if k not in self.primary)
 
 
 def paper_fit_alpha(n: float) -> float:
@@ -306,16 +332,24 @@ _MECH2_ARM = {"solver": "a fixed inner solve on every constrained matrix",
 _MECH2_FAILED = (f"failed: not completed, or final val loss > the worse of All Stiefel / Hetero at the same rate and "
                  f"seed + {FAIL_MARGIN:g} nats")
 
+#: The second round (config/mechanism2.yaml; rules in 98b3c03, before its config).
+ROUND2 = MechRound("mech2", "mechanism2", _M2, MECH2_RATES, 12, MECH2_KINDS, MECH2_PRIMARY, False, _MECH2_ARM)
+#: Every round, by its report (``workflow.report``).
+ROUNDS = {r.report: r for r in (ROUND2,)}
 
-def _mech2_restore_text(b: str, kind: str) -> str:
-    cells = (f"over the (rate, seed) cells at rates {' and '.join(f'{r:g}' for r in MECH2_RATES)} where plain "
-             f"{_MECH2_LABEL[b]} failed ({_MECH2_FAILED}) and its {kind} twin ({_MECH2_ARM[kind]}) has a verdict, "
-             "those where the twin's manipulation check passed are tested; share = tested cells where the twin "
-             "trained / tested cells; ")
+
+def _mech_restore_text(rnd: MechRound, b: str, kind: str) -> str:
+    check = ("those where the twin's manipulation check passed are tested" if kind == "saturation" or not
+             rnd.per_kind_check else "those where the twin's manipulation check passed in attention and in the MLP "
+             "apart (each module kind's median alignment share and violation at every checked evaluation) are tested")
+    cells = (f"over the (rate, seed) cells at rate{'s' if len(rnd.rates) > 1 else ''} "
+             f"{' and '.join(f'{r:g}' for r in rnd.rates)} where plain "
+             f"{_MECH2_LABEL[b]} failed ({_MECH2_FAILED}) and its {kind} twin ({rnd.arms[kind]}) has a verdict, "
+             f"{check}; share = tested cells where the twin trained / tested cells; ")
     ci = f"the {CI_LEVEL:.0%} Clopper-Pearson interval of the share"
-    if kind in MECH2_PRIMARY:
+    if kind in rnd.primary:
         decide = (f"reproduced iff the lower bound of {ci} is > {RESTORE_NULL:g} and Holm's step-down (alpha = "
-                  f"{1 - CI_LEVEL:.2g}, over the primary contrasts {' and '.join(MECH2_PRIMARY)} x "
+                  f"{1 - CI_LEVEL:.2g}, over the primary contrasts {' and '.join(rnd.primary)} x "
                   f"{' and '.join(MECH2_BASELINES)} that are tested) rejects share = {RESTORE_NULL:g} by its exact "
                   f"two-sided binomial p-value, not reproduced iff the upper bound is < {RESTORE_NULL:g} and Holm "
                   "rejects, else not resolved (also with no failed cell)")
@@ -328,35 +362,34 @@ def _mech2_restore_text(b: str, kind: str) -> str:
             "counted and shown, not part of the verdict")
 
 
-def _mech2_claims(b: str) -> tuple[Claim, ...]:
-    """The ``mech2.*`` rows of one baseline: each baseline is its own experiment."""
-    label = _MECH2_LABEL[b]
-    kw = dict(min_seeds=12, needs="mechanism2")
+def _mech_claims(rnd: MechRound, b: str) -> tuple[Claim, ...]:
+    """The ``<prefix>.*`` rows of one round and baseline: each baseline is its own experiment."""
+    label, p = _MECH2_LABEL[b], rnd.prefix
+    kw = dict(min_seeds=rnd.min_seeds, needs=rnd.report)
+    restores = {"solver": (f"{rnd.arms['solver']} restores {label} where it failed", "6 (mechanism)",
+                           "(an alternative the paper does not test)"),
+                "saturation": (f"removing softmax saturation ({rnd.arms['saturation']}) restores {label} where it "
+                               "failed", "5, 6 (mechanism)", "(implied by Sections 5-6)"),
+                "solver_attn": (f"(secondary) {rnd.arms.get('solver_attn')} restores {label} where it failed",
+                                "6 (mechanism)", "(an alternative the paper does not test)")}
     return (
-        Claim(f"mech2.fails.{b}", f"{label} fails to train at large step sizes where Stiefel attention trains "
-              f"(fresh seeds): share of its plain runs failed at the largest rate ({MECH2_RATES[-1]:g})", "4, 6",
+        Claim(f"{p}.fails.{b}", f"{label} fails to train at large step sizes where Stiefel attention trains "
+              f"(fresh seeds): share of its plain runs failed at the largest rate ({rnd.rates[-1]:g})", "4, 6",
               "DGram attention unstable",
               Rule("share_ci", text=f"{_MECH2_FAILED}; over the plain {_MECH2_LABEL[b]} runs at rate "
-                   f"{MECH2_RATES[-1]:g}: "
+                   f"{rnd.rates[-1]:g}: "
                    f"reproduced iff the {CI_LEVEL:.0%} Clopper-Pearson lower bound of the failed share is > "
                    f"{FAIL_SHARE:g}, not reproduced iff its upper bound is < {FAIL_SHARE:g}, else not resolved",
-                   **kw), _M2, FAIL_SHARE),
-        Claim(f"mech2.solver_restores.{b}", f"{_MECH2_ARM['solver']} restores {label} where it failed",
-              "6 (mechanism)", "(an alternative the paper does not test)",
-              Rule("restore_ci", text=_mech2_restore_text(b, "solver"), **kw), _M2, True),
-        Claim(f"mech2.saturation_restores.{b}", f"removing softmax saturation ({_MECH2_ARM['saturation']}) restores "
-              f"{label} where it failed", "5, 6 (mechanism)", "(implied by Sections 5-6)",
-              Rule("restore_ci", text=_mech2_restore_text(b, "saturation"), **kw), _M2, True),
-        Claim(f"mech2.solver_attn_restores.{b}", f"(secondary) {_MECH2_ARM['solver_attn']} restores {label} where "
-              "it failed", "6 (mechanism)", "(an alternative the paper does not test)",
-              Rule("restore_ci", text=_mech2_restore_text(b, "solver_attn"), **kw), _M2, True),
-        Claim(f"mech2.cause.{b}", f"why DGram attention fails in {label}: softmax saturation (the paper) or the "
+                   **kw), rnd.rebuild, FAIL_SHARE),
+        *(Claim(f"{p}.{k}_restores.{b}", *restores[k], Rule("restore_ci", text=_mech_restore_text(rnd, b, k), **kw),
+                rnd.rebuild, True) for k in rnd.kinds),
+        Claim(f"{p}.cause.{b}", f"why DGram attention fails in {label}: softmax saturation (the paper) or the "
               "inner solve", "6", "softmax saturation",
-              Rule("cause_outcomes", text=f"from the outcomes of mech2.saturation_restores.{b} and "
-                   f"mech2.solver_restores.{b} (each restores / does not restore / not resolved / not tested): "
+              Rule("cause_outcomes", text=f"from the outcomes of {p}.saturation_restores.{b} and "
+                   f"{p}.solver_restores.{b} (each restores / does not restore / not resolved / not tested): "
                    "not tested if either is not tested, else not resolved if either is not resolved, else saturation "
                    "supported (only saturation restores), solver supported (only solver restores), both supported, "
-                   "neither supported", **kw), _M2),
+                   "neither supported", **kw), rnd.rebuild),
     )
 
 
@@ -590,7 +623,7 @@ CLAIMS: tuple[Claim, ...] = (
                     "combine; not resolved when any of the three contrasts is"),
           _M),
     # --- beyond the paper: the second mechanism experiment, per baseline (config/mechanism2.yaml) --------------
-    *(row for b in MECH2_BASELINES for row in _mech2_claims(b)),
+    *(row for rnd in ROUNDS.values() for b in MECH2_BASELINES for row in _mech_claims(rnd, b)),
 )
 
 _BY_ID = {c.id: c for c in CLAIMS}
@@ -633,7 +666,7 @@ def judge(c: Claim, x: Any, *, caps: Sequence[str] = ("any",), seeds: int | None
     ``{assignment: edge rank}``; for ``test`` a bool (the experiment came out as claimed); for
     ``restore`` ``(restored, failed)`` cell counts; for ``cause`` the contrasts as :func:`_judge_cause`
     takes them; for ``share_ci`` ``(count, runs)``; for ``restore_ci`` and ``cause_outcomes`` the values
-    :func:`mech2_values` gives.
+    :func:`mech_values` gives.
     ``reason`` explains a missing value.
     """
     r = c.rule
@@ -766,10 +799,10 @@ def mech2_outcome(x: Mapping) -> str:
     return UNRESOLVED
 
 
-def _mech2_decided(contrasts: Mapping[tuple[str, str], Mapping]) -> dict[tuple[str, str], dict]:
+def _mech_decided(rnd: MechRound, contrasts: Mapping[tuple[str, str], Mapping]) -> dict[tuple[str, str], dict]:
     """Every contrast given, plus ``reject``, ``p_holm`` and ``family`` (the Holm family's size; 0 for a
-    secondary one). The family: the primary contrasts with status "tested", every one of them required."""
-    primary = [(b, k) for b in MECH2_BASELINES for k in MECH2_PRIMARY]
+    secondary one). The family: the round's primary contrasts with status "tested", every one of them required."""
+    primary = [(b, k) for b in MECH2_BASELINES for k in rnd.primary]
     absent = [key for key in primary if key not in contrasts]
     if absent:
         raise KeyError(f"no contrast for {', '.join(f'{b} x {k}' for b, k in absent)}")
@@ -787,27 +820,28 @@ def _mech2_decided(contrasts: Mapping[tuple[str, str], Mapping]) -> dict[tuple[s
     return out
 
 
-def mech2_primary_decisions(contrasts: Mapping[tuple[str, str], Mapping]) -> dict[tuple[str, str], str]:
-    """``{(baseline, kind): outcome}`` for the four primary contrasts, from ``{(baseline, kind):``
+def mech_primary_decisions(rnd: MechRound, contrasts: Mapping[tuple[str, str], Mapping]) -> dict[tuple[str, str], str]:
+    """``{(baseline, kind): outcome}`` for the round's primary contrasts, from ``{(baseline, kind):``
     :func:`mech2_contrast` ``}``: Holm's step-down at 1 - CI_LEVEL over exactly those primary contrasts that
     are tested (failed cells, checks held), then :func:`mech2_outcome`."""
-    decided = _mech2_decided(contrasts)
-    return {(b, k): mech2_outcome(decided[b, k]) for b in MECH2_BASELINES for k in MECH2_PRIMARY}
+    decided = _mech_decided(rnd, contrasts)
+    return {(b, k): mech2_outcome(decided[b, k]) for b in MECH2_BASELINES for k in rnd.primary}
 
 
-def mech2_values(contrasts: Mapping[tuple[str, str], Mapping]) -> dict[str, dict]:
-    """The rebuilt value of each ``mech2.*_restores.*`` and ``mech2.cause.*`` row, ``{claim id: x}`` for
-    :func:`judge`, from ``{(baseline, kind):`` :func:`mech2_contrast` ``}`` (the primary ones required, a
-    secondary one judged where given). ``mech2.fails.*`` takes ``(failed runs, runs)`` at the largest rate."""
-    decided = _mech2_decided(contrasts)
-    out: dict[str, dict] = {f"mech2.{k}_restores.{b}": x for (b, k), x in decided.items()}
+def mech_values(rnd: MechRound, contrasts: Mapping[tuple[str, str], Mapping]) -> dict[str, dict]:
+    """The rebuilt value of each ``<prefix>.*_restores.*`` and ``<prefix>.cause.*`` row of round ``rnd``,
+    ``{claim id: x}`` for :func:`judge`, from ``{(baseline, kind):`` :func:`mech2_contrast` ``}`` (the primary
+    ones required, a secondary one judged where given). ``<prefix>.fails.*`` takes ``(failed runs, runs)`` at
+    the largest rate."""
+    decided = _mech_decided(rnd, contrasts)
+    out: dict[str, dict] = {f"{rnd.prefix}.{k}_restores.{b}": x for (b, k), x in decided.items()}
     for b in MECH2_BASELINES:
-        out[f"mech2.cause.{b}"] = {k: mech2_outcome(decided[b, k]) for k in ("saturation", "solver")}
+        out[f"{rnd.prefix}.cause.{b}"] = {k: mech2_outcome(decided[b, k]) for k in ("saturation", "solver")}
     return out
 
 
 def _judge_restore_ci(c: Claim, x: Mapping) -> tuple[str, str]:
-    """``x``: a contrast with its ``reject`` (:func:`mech2_values`); ``c.value``: the claim is that it restores."""
+    """``x``: a contrast with its ``reject`` (:func:`mech_values`); ``c.value``: the claim is that it restores."""
     outcome = mech2_outcome(x)
     harm = f"harm: the twin failed in {x['harm']} of {x['harm_of']} cells where the plain arm trained"
     if x["status"] == "nothing to restore":

@@ -116,7 +116,10 @@ def test_the_sweep_configs_expand_as_documented():
     ({"attn_qk_scale": None}, "one or more of"),
     ({}, "one or more of"),
     ({"solver_normalize": None}, "one or more of"),
-    ({"solver": "admm"}, "nothing else"),
+    ({"solver": "admm"}, "need solver_normalize: all"),
+    ({"solver_normalize": "attn", "admm_rho": 1.0}, "need solver_normalize: all"),
+    ({"solver_normalize": "all", "solver": "admm", "admm_rho": 1.0, "dual_ascent_steps": 10}, None),
+    ({"solver_normalize": "all", "warm_start": True}, "nothing else"),
 ])
 def test_interventions_may_cap_either_module_or_normalize_the_solve(over, match):
     cfg = sweep_cfg()

@@ -201,3 +201,14 @@ def test_the_mechanism2_configs_use_fresh_seeds_and_the_rules_rates(name):
     assert present == {(b, k) for b in paper.MECH2_BASELINES for k in paper.MECH2_KINDS}
     if name == "mechanism2":
         assert tuple(cfg["grid"]["sweep"]["muon_lr"]) == paper.MECH2_RATES
+
+
+def test_a_solver_arm_may_change_the_solve_beside_its_normalization():
+    from mwm.report.mechanism2 import arm_kind
+    grid = {"intervention": {"a": "dgram", "b": "dgram", "c": "dgram"},
+            "train_overrides": {"a": {"solver_normalize": "all", "solver": "admm", "admm_rho": 1.0,
+                                      "dual_ascent_steps": 10},
+                                "b": {"solver_normalize": "all", "attn_qk_scale": 4.0},
+                                "c": {"attn_qk_scale": 4.0}}}
+    assert arm_kind(grid, "a") == "solver" and arm_kind(grid, "c") == "saturation"
+    assert arm_kind(grid, "b") is None  # two kinds at once: no single contrast

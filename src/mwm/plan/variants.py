@@ -14,7 +14,9 @@ the baseline's manifolds with one or more of :data:`INTERVENTION_KEYS` set (its 
 DGram attention (MLP) weights after every retraction (:func:`mwm.optim.manifolds.cap_column_norms`),
 ``solver_normalize`` solves their inner problem scale-normalized (:func:`mwm.optim.solvers.scaled_solve`),
 ``attn_qk_scale`` computes attention logits on unit queries and keys at a fixed scale (the
-saturation-only arm: the model's forward changes, not its weights or the optimizer).
+saturation-only arm: the model's forward changes, not its weights or the optimizer). A normalized solve
+of every module (``solver_normalize: all``) may also change the solve itself (:data:`SOLVE_KEYS`: the
+solver, its ADMM penalty and its iteration count), which acts on every constrained matrix.
 The sweep report judges whether the attention cap restores stability at the baseline's first unstable
 rate; the mechanism report (:mod:`mwm.report.mechanism`) judges each intervention arm.
 
@@ -29,19 +31,24 @@ from mwm.optim.vocab import match_patterns
 from mwm.config.names import ATTN_KEYS, NAMED_ASSIGNMENTS, NORMALIZE_SCOPES
 
 __all__ = ["assignment_spec", "ETA_TAG", "rate_label", "sweep_variant", "sweep_points", "sweep_variants",
-           "sweep_overrides", "check_sweep", "INTERVENTION_KEYS", "MODEL_INTERVENTION_KEYS", "SWEEP_REPORTS",
+           "sweep_overrides", "check_sweep", "INTERVENTION_KEYS", "MODEL_INTERVENTION_KEYS", "SOLVE_KEYS",
+           "SWEEP_REPORTS",
            "intervention_keys", "intervention_label"]
 
 #: What joins an assignment and its rate in a sweep variant's name.
 ETA_TAG = "-eta"
 #: The train settings an intervention candidate may change (its grid.train_overrides), with the module
 #: kinds each acts on (``solver_normalize``: those its scope names, :data:`mwm.config.names.NORMALIZE_SCOPES`).
-INTERVENTION_KEYS = ("attn_sigma_cap", "mlp_sigma_cap", "solver_normalize", "attn_qk_scale")
+INTERVENTION_KEYS = ("attn_sigma_cap", "mlp_sigma_cap", "solver_normalize", "attn_qk_scale", "solver", "admm_rho",
+                     "dual_ascent_steps")
+#: The intervention keys that change the inner solve of every constrained matrix: allowed only beside
+#: ``solver_normalize: all``, whose scope they share.
+SOLVE_KEYS = ("solver", "admm_rho", "dual_ascent_steps")
 #: The intervention keys that change the model's forward rather than the DGram weights' update: they act
 #: whatever manifolds the candidate trains, so they need no DGram matrix.
 MODEL_INTERVENTION_KEYS = ("attn_qk_scale",)
 #: The reports (``workflow.report``) of a config with a sweep; a sweep needs one of them.
-SWEEP_REPORTS = ("sweep", "mechanism", "mechanism2")
+SWEEP_REPORTS = ("sweep", "mechanism", "mechanism2", "mechanism3")
 
 
 def rate_label(rate: float) -> str:
@@ -114,7 +121,9 @@ def intervention_label(grid: dict, cand: str) -> str:
             words.append(f"{label} capped at {keys[f'{kind}_sigma_cap']:g}")
     if "solver_normalize" in keys:
         scope = keys["solver_normalize"]
-        words.append("normalized solve" + ("" if scope == "all" else f" ({'attention' if scope == 'attn' else 'MLP'})"))
+        solve = [f"{k} {keys[k]:g}" if k != "solver" else keys[k] for k in SOLVE_KEYS if k in keys]
+        words.append("normalized solve" + ("" if scope == "all" else f" ({'attention' if scope == 'attn' else 'MLP'})")
+                     + (f" ({', '.join(solve)})" if solve else ""))
     if "attn_qk_scale" in keys:
         words.append(f"attention logits on unit queries and keys at scale {keys['attn_qk_scale']:g}")
     return ", ".join(words)
@@ -122,6 +131,8 @@ def intervention_label(grid: dict, cand: str) -> str:
 
 def _modules_of(key: str, value) -> tuple[str, ...]:
     """The module kinds (attn, mlp) an intervention setting acts on: its key's prefix, or the scope's."""
+    if key in SOLVE_KEYS:
+        return NORMALIZE_SCOPES["all"]
     return NORMALIZE_SCOPES[value] if key == "solver_normalize" else (key.split("_", 1)[0],)
 
 
@@ -173,6 +184,10 @@ def check_sweep(cfg: dict, where: str) -> None:
         if not over or set(over) - set(INTERVENTION_KEYS) or any(v is None for v in over.values()):
             raise ConfigError(f"{where}: grid.intervention.{cand}: its grid.train_overrides must set one or more of "
                               f"{', '.join(INTERVENTION_KEYS)} and nothing else (got {over!r})")
+        if set(over) & set(SOLVE_KEYS) and over.get("solver_normalize") != "all":
+            raise ConfigError(f"{where}: grid.intervention.{cand}: {', '.join(sorted(set(over) & set(SOLVE_KEYS)))} "
+                              "change the solve of every constrained matrix, so they need solver_normalize: all "
+                              f"beside them (got {over!r})")
         for key, value in over.items():
             if key in MODEL_INTERVENTION_KEYS:
                 continue

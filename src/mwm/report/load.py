@@ -12,7 +12,7 @@ import pandas as pd
 
 from mwm.plan.runs import FINAL_STATUSES, RUN_FILES, Plan
 
-__all__ = ["ReportError", "RunData", "load_runs", "spectra_steps", "load_spectrum"]
+__all__ = ["ReportError", "RunData", "read_run", "load_runs", "spectra_steps", "load_spectrum"]
 
 
 class ReportError(ValueError):
@@ -73,6 +73,16 @@ def _read_log(path: Path) -> pd.DataFrame:
     return _read_csv(path)
 
 
+def read_run(d: Path, variant: str, seed: int) -> RunData:
+    """The files of the finished run in folder ``d`` (nothing checked but that ``summary.json`` is JSON)."""
+    try:
+        summary = json.loads((d / "summary.json").read_text())
+    except json.JSONDecodeError as exc:
+        raise ReportError(f"{d / 'summary.json'} is not valid JSON: {exc}") from exc
+    return RunData(variant, seed, d, summary, _read_log(d / "eval.csv"), _read_log(d / "spectral.csv"),
+                   _read_log(d / "attention.csv"), _read_log(d / "metrics.csv"), _read_log(d / "solver.csv"))
+
+
 def load_runs(cfg: dict, root: str | Path = "results") -> dict[tuple[str, int], RunData]:
     """Every (variant, seed) of the config's grid."""
     missing, foreign, runs = [], [], {}
@@ -84,16 +94,9 @@ def load_runs(cfg: dict, root: str | Path = "results") -> dict[tuple[str, int], 
             if absent:
                 missing.append(f"{d} (missing {', '.join(absent)})")
                 continue
-            try:
-                summary = json.loads((d / "summary.json").read_text())
-            except json.JSONDecodeError as exc:
-                raise ReportError(f"{d / 'summary.json'} is not valid JSON: {exc}") from exc
-            runs[variant, seed] = RunData(
-                variant, seed, d, summary, _read_log(d / "eval.csv"), _read_log(d / "spectral.csv"),
-                _read_log(d / "attention.csv"), _read_log(d / "metrics.csv"), _read_log(d / "solver.csv"),
-            )
+            runs[variant, seed] = read_run(d, variant, seed)
             check_backed(runs[variant, seed])
-            problem = plan.problem(summary, variant, seed)
+            problem = plan.problem(runs[variant, seed].summary, variant, seed)
             if problem:
                 foreign.append(f"{d / 'summary.json'}: {problem}")
     if missing:

@@ -9,7 +9,7 @@ import pandas as pd
 from mwm.io import atomic_write_text
 from mwm.report import style
 
-__all__ = ["write_table", "fmt"]
+__all__ = ["write_table", "fmt", "markdown"]
 
 
 def fmt(x, digits: int = 4) -> str:
@@ -22,7 +22,8 @@ def fmt(x, digits: int = 4) -> str:
     return str(x)
 
 
-def _md(df: pd.DataFrame) -> str:
+def markdown(df: pd.DataFrame) -> str:
+    """``df`` as a markdown table (cells formatted by :func:`fmt`)."""
     cols = list(df.columns)
     def cell(x) -> str:
         return str(x).replace("|", "\\|")
@@ -56,6 +57,6 @@ def write_table(df: pd.DataFrame, out_dir: str | Path, stem: str, caption: str) 
     atomic_write_text(paths[0], df.to_csv(index=False))
     if style.STAMP:
         caption = f"{caption} [{style.STAMP}]"
-    atomic_write_text(paths[1], f"**{caption}**\n\n" + _md(df))
+    atomic_write_text(paths[1], f"**{caption}**\n\n" + markdown(df))
     atomic_write_text(paths[2], _tex(df, caption))
     return paths
