@@ -122,3 +122,22 @@ def test_asking_for_the_directions_changes_no_step():
             assert torch.equal(p, q)
     manifold = get_manifold("dgram")
     assert float(manifold.constraint_residual(pb[0].detach())) < 1e-4
+
+
+def test_a_pair_the_reference_cannot_solve_gets_nan_and_its_bank_mates_their_reference():
+    W, U = pair(64, 32, "dgram", 3.0)
+    W2, U2 = pair(64, 32, "dgram", 3.0, seed=1)
+    U2 = U2.clone()
+    U2[0, 0] = float("nan")
+    A, gap = converged_solve(torch.stack([W / W.norm(dim=0).max(), W2 / W2.norm(dim=0).max()]),
+                             torch.stack([U, U2]), "dgram")
+    assert bool(torch.isfinite(A[0]).all()) and abs(float(gap[0])) <= GAP_TOL
+    assert bool(torch.isnan(A[1]).all()) and bool(torch.isnan(gap[1]))
+
+
+def test_the_exact_projection_is_the_msign_one_where_that_is_accurate():
+    from mwm.optim.solvers import clip_exact, clip_spectral
+    Z = torch.randn(3, 48, 16, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    C = clip_exact(Z)
+    assert float(torch.linalg.matrix_norm(C, 2).max()) <= 1 + 1e-12
+    assert torch.allclose(C, clip_spectral(Z, msign_steps=30), atol=1e-3)

@@ -21,14 +21,16 @@ pair ``(W, U)`` that step consumed (weight, Nesterov momentum) and the direction
 
 The reference is a solve run to a stated tolerance, certified by duality (:func:`converged_solve`):
 ADMM on ``W / s`` (:func:`mwm.optim.solvers.scaled_solve`'s scaling), cold, rho :data:`REFERENCE_RHO`,
-float32 msign of :data:`REFERENCE_MSIGN_STEPS` Polar Express steps, continued in chunks of
+in float64 with the exact (SVD) projection on the spectral-norm ball, continued in chunks of
 :data:`REFERENCE_CHUNK` iterations until every matrix of its bank has a duality gap of at most
 :data:`GAP_TOL` and a tangent violation of at most :data:`VIOLATION_TOL`, or :data:`REFERENCE_MAX_STEPS`.
 The gap ``(||G + 2 W Lambda||_* - tr(G^T A)) / ||G||_*`` bounds, in alignment units, how far the
 reference's alignment can be below the optimum: every feasible direction's alignment is at most the
 dual value ``||G + 2 W Lambda||_* / ||G||_*`` for any multiplier fixed by ``P``. ``gap_converged``
-records it per matrix, so a reference that stopped at the cap says so. No training setting is the
-reference's: an arm is never checked against itself. Pairs are measured in banks of one tall shape.
+records it per matrix, so a reference that stopped at the cap says so. The measurement never stops a
+run: a pair it cannot solve (non-finite) gets NaN reference columns, which fail a solver check. No
+training setting is the reference's: an arm is never checked against itself. Pairs are measured in
+banks of one tall shape.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from mwm.optim.dual_ascent import as_manifold
 from mwm.optim.manifolds import rms, to_tall
 from mwm.optim.solvers import admm, solve_scale
 
-__all__ = ["QUALITY_COLUMNS", "QUALITY_MANIFOLDS", "REFERENCE_RHO", "REFERENCE_MSIGN_STEPS", "REFERENCE_CHUNK",
+__all__ = ["QUALITY_COLUMNS", "QUALITY_MANIFOLDS", "REFERENCE_RHO", "REFERENCE_CHUNK",
            "REFERENCE_MAX_STEPS", "GAP_TOL", "VIOLATION_TOL", "duality_gap", "converged_solve", "solve_quality",
            "quality_rows"]
 
@@ -49,10 +51,8 @@ QUALITY_COLUMNS = ["step", "name", "layer", "module", "matrix", "manifold", "sca
 #: The manifolds whose solves are measured (those of the inner problem with a tangent-space constraint
 #: the ADMM reference handles exactly; plain Muon's direction is msign(U), alignment 1 by construction).
 QUALITY_MANIFOLDS = ("stiefel", "dgram")
-#: The reference's ADMM penalty (rho 4 diverges on grown DGram attention pairs in float32).
+#: The reference's ADMM penalty.
 REFERENCE_RHO = 2.0
-#: Polar Express steps of the reference's msigns: 10 leave square DGram matrices' gap at about 1e-2.
-REFERENCE_MSIGN_STEPS = 20
 #: Iterations between two checks of the stopping rule.
 REFERENCE_CHUNK = 10
 #: The reference's iteration cap (grown DGram pairs of the mini model need 60-120).
@@ -74,21 +74,32 @@ def duality_gap(Wt: torch.Tensor, Gt: torch.Tensor, A: torch.Tensor, Lam: torch.
 @torch.no_grad()
 def converged_solve(Wt: torch.Tensor, Gt: torch.Tensor, manifold) -> tuple[torch.Tensor, torch.Tensor]:
     """The reference direction of a bank of tall pairs at unit weight scale (``Wt = W / s``) and its
-    duality gap: the module doc's stopping rule. Returns ``(A, gap)``."""
+    duality gap, in float64: the module doc's stopping rule. Returns ``(A, gap)``; a matrix with a
+    non-finite input or result has NaN in both."""
     mf = as_manifold(manifold)
+    W, G = Wt.double(), Gt.double()
+    bad = ~(torch.isfinite(W).all(dim=(-2, -1)) & torch.isfinite(G).all(dim=(-2, -1)))
+    W, G = (torch.where(bad[..., None, None], torch.zeros_like(t), t) for t in (W, G))
     Lam = A = None
     done = 0
     while True:
-        res = admm(Wt, Gt, mf, rho=REFERENCE_RHO, steps=REFERENCE_CHUNK, Lambda0=Lam, A0=A,
-                   msign_steps=REFERENCE_MSIGN_STEPS, precision="float32")
+        try:
+            res = admm(W, G, mf, rho=REFERENCE_RHO, steps=REFERENCE_CHUNK, Lambda0=Lam, A0=A, exact_clip=True)
+        except torch.linalg.LinAlgError:  # an SVD that did not converge: no reference for this bank
+            nan = torch.full(W.shape[:-2], float("nan"), dtype=W.dtype)
+            return torch.full_like(W, float("nan")), nan
         done += REFERENCE_CHUNK
         Lam, A = res.Lambda, res.A
-        gap = duality_gap(Wt, Gt, A, Lam)
-        X = Wt.mT @ A
+        bad = bad | ~torch.isfinite(A).all(dim=(-2, -1)) | ~torch.isfinite(Lam).all(dim=(-2, -1))
+        if bool(bad.any()):  # keep the finite ones going; the others end as NaN
+            A, Lam = (torch.where(bad[..., None, None], torch.zeros_like(t), t) for t in (A, Lam))
+        gap = duality_gap(W, G, A, Lam)
+        X = W.mT @ A
         viol = rms(mf.project_(X + X.mT))
-        met = bool((gap.abs() <= GAP_TOL).all() and (viol <= VIOLATION_TOL).all())
-        if met or done >= REFERENCE_MAX_STEPS or not bool(torch.isfinite(gap).all()):
-            return A, gap
+        met = bool(((gap.abs() <= GAP_TOL) & (viol <= VIOLATION_TOL) | bad).all())
+        if met or done >= REFERENCE_MAX_STEPS:
+            nan = torch.full_like(gap, float("nan"))
+            return torch.where(bad[..., None, None], torch.full_like(A, float("nan")), A), torch.where(bad, nan, gap)
 
 
 @torch.no_grad()
@@ -100,6 +111,7 @@ def solve_quality(W: torch.Tensor, U: torch.Tensor, A: torch.Tensor, manifold) -
     Wt, Ut = to_tall(W)[0], to_tall(U)[0]
     Wn = Wt / s[..., None, None]
     ref, gap = converged_solve(Wn, Ut, mf)
+    ref = ref.to(Ut.dtype)
     nuc = torch.linalg.matrix_norm(Ut, "nuc").clamp_min(torch.finfo(Ut.dtype).tiny)
     out = {"scale": s}
     for key, D in (("", to_tall(A)[0]), ("_converged", ref)):

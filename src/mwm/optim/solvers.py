@@ -66,7 +66,7 @@ from mwm.optim.manifolds import rms, to_tall
 from mwm.optim.msign import DEFAULT_STEPS, check_precision, msign
 from mwm.optim.vocab import MSIGN_KEYS, PAPER_TRAIN, SOLVER_KEYS, SOLVERS
 
-__all__ = ["SOLVERS", "SolverSettings", "admm", "clip_spectral", "solve", "solve_scale", "momentum_scale",
+__all__ = ["SOLVERS", "SolverSettings", "admm", "clip_exact", "clip_spectral", "solve", "solve_scale", "momentum_scale",
            "scaled_solve", "msign_per_iteration"]
 
 
@@ -155,6 +155,13 @@ def msign_per_iteration(solver: str) -> int:
     return _SOLVE[solver][1]
 
 
+def clip_exact(Z: torch.Tensor) -> torch.Tensor:
+    """The projection on the unit spectral-norm ball by an SVD, in ``Z``'s dtype: exact where
+    :func:`clip_spectral`'s two msigns approximate (a converged reference's, not a training step's)."""
+    U, S, Vh = torch.linalg.svd(Z, full_matrices=False)
+    return (U * S.clamp(max=1.0).unsqueeze(-2)) @ Vh
+
+
 def clip_spectral(Z: torch.Tensor, msign_steps: int = DEFAULT_STEPS, precision: str = "float32") -> torch.Tensor:
     """Projection of (a batch of) ``m x n`` matrices on the unit spectral-norm ball:
     singular values ``s -> min(s, 1)``, from two msigns (see the module doc) in ``precision``."""
@@ -186,10 +193,12 @@ def admm(
     Lambda0: torch.Tensor | None = None,
     precision: str = "float32",
     A0: torch.Tensor | None = None,
+    exact_clip: bool = False,
 ) -> DualAscentResult:
     """ADMM on the inner problem (module doc); arguments as :func:`~mwm.optim.dual_ascent.dual_ascent`.
     ``A0``: the scaled dual variable to start from (the ``A`` of an earlier result of the same pair, with
-    its ``Lambda`` as ``Lambda0``, continues that solve exactly); None: zeros."""
+    its ``Lambda`` as ``Lambda0``, continues that solve exactly); None: zeros. ``exact_clip``: project by
+    an SVD (:func:`clip_exact`) instead of two msigns (``msign_steps`` and ``precision`` then unused)."""
     check_inputs(W, G)
     rho, steps = or_default(rho, "admm_rho"), or_default(steps, "dual_ascent_steps")
     snaps = check_iterations("ADMM", steps, snapshots)
@@ -209,7 +218,7 @@ def admm(
     it = 0
     for t in range(steps):
         Z = torch.add(Gn, Wt @ Lam, alpha=2.0).mul_(rho).add_(A)
-        A_new = clip_spectral(Z, msign_steps, precision)
+        A_new = clip_exact(Z) if exact_clip else clip_spectral(Z, msign_steps, precision)
         X = Wt.mT @ A_new
         H = mf.project_(X + X.mT)
         it = t + 1
