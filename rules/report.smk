@@ -4,8 +4,8 @@
 # reports the solver study alone, so its `all` trains nothing beyond the study's captures; one whose
 # workflow.report is "sweep" (config/sweep.yaml) reports its learning-rate sweep from its runs alone; one
 # whose workflow.report is "mechanism" (config/mechanism.yaml) its causal experiment from its runs and
-# the solver study on pairs one of them captured; "mechanism2" (config/mechanism2.yaml) the second
-# causal experiment from its runs alone.
+# the solver study on pairs one of them captured; "mechanism2" and "mechanism3" (config/mechanism2.yaml,
+# config/mechanism3.yaml) a round of the per-baseline causal experiment from its runs alone.
 
 REPORT_INPUTS = [*(all_runs() if REPORT_READS_RUNS else []), *study_outputs(*REPORT_STUDIES)]
 

@@ -72,11 +72,12 @@ HISTORY = (
            "the solver study's derived cheapest_matching wherever two matching candidates tie in cost (the "
            "default: admm-cold-T1-rho2 over admm-warm-T1-rho2 on both manifolds), and the report's solver table; "
            "no training number (every run's identity carries the version, so runs are retrained once)"),
-    Change(8, ("21e38c4",), "solver.csv's converged reference: ADMM run until every matrix's duality gap is <= 2e-3 "
-           "and its tangent violation <= 1e-3 (it was 10 ADMM iterations), in banks of one tall shape, with the gap "
-           "logged; the solver check also per module kind",
+    Change(8, ("21e38c4", "0d68bf2"), "solver.csv's converged reference: ADMM in float64 with an exact (SVD) "
+           "projection, run until every matrix's duality gap is <= 2e-3 and its tangent violation <= 1e-3 (it was 10 "
+           "float32 ADMM iterations), in banks of one tall shape, with the gap logged; the solver check also per "
+           "module kind",
            "every run's solver.csv (alignment_converged, violation_converged, the new gap_converged) and the "
-           "manipulation record in summary.json; no training loss or weight"),
+           "manipulation record in summary.json; no training loss or weight")
 )
 
 #: The first change after which a run's commit alone no longer tells its numerics.

@@ -37,7 +37,8 @@ singular values) or through an inner solve that loses the momentum as DGram weig
 (removed by the scale-normalized solve)? Their rules, thresholds and the experiment's
 arms were committed before its first run.
 
-The ``mech2.*`` rows are the second pre-registered experiment (``config/mechanism2.yaml``),
+The ``mech2.*`` and ``mech3.*`` rows are the second and third pre-registered experiments
+(``config/mechanism2.yaml``, ``config/mechanism3.yaml``; :data:`ROUNDS`),
 asked of each DGram-attention baseline on its own (:data:`MECH2_BASELINES`) with exact
 binomial statistics instead of fixed shares: over the (rate, seed) cells where the plain arm
 failed, does a fixed inner solve (``solver``; on attention only, ``solver_attn``, secondary) or
@@ -48,6 +49,8 @@ restored is judged by its Clopper-Pearson interval against :data:`RESTORE_NULL`,
 primary contrasts (:data:`MECH2_PRIMARY` x baselines) also by Holm's step-down over those
 tested (:func:`mech_primary_decisions`); the report passes :func:`mech_values` to
 :func:`judge`. Harm (the intervention failing where the plain arm trained) is counted and shown.
+Round 3 (:data:`ROUND3`) runs one rate where its pilot saw both baselines fail, its solver arm is the
+normalized ADMM, and its solver check must hold in attention and in the MLP apart.
 
 Sections: 2 "Scaling the dual ascent to 768x768", 3 "Retraction absorbs dual ascent
 error", 4 "Experiments: five manifold assignments on GPT-2", 5 "Attention wants
@@ -70,7 +73,7 @@ __all__ = ["VERDICTS", "NC", "TOO_FEW", "Rule", "Claim", "CLAIMS", "claim", "jud
            "clopper_pearson", "binomial_p", "holm", "RESTORE_NULL", "CI_LEVEL", "FAIL_MARGINS_SENSITIVITY",
            "CHECK_SHARE", "MECH2_BASELINES", "MECH2_PRIMARY", "MECH2_SECONDARY", "MECH2_KINDS", "MECH2_RATES",
            "MECH2_OUTCOMES", "mech2_contrast", "mech2_outcome", "mech_primary_decisions", "mech_values", "INCOMPLETE",
-           "MechRound", "ROUND2", "ROUNDS"]
+           "MechRound", "ROUND2", "ROUND3", "ROUNDS"]
 
 NC = "not comparable at this scale"
 TOO_FEW = "too few seeds"
@@ -334,8 +337,16 @@ _MECH2_FAILED = (f"failed: not completed, or final val loss > the worse of All S
 
 #: The second round (config/mechanism2.yaml; rules in 98b3c03, before its config).
 ROUND2 = MechRound("mech2", "mechanism2", _M2, MECH2_RATES, 12, MECH2_KINDS, MECH2_PRIMARY, False, _MECH2_ARM)
+_M3 = ("config/mechanism3.yaml (the third pre-registered mechanism experiment: one rate, 12 seeds per baseline, "
+       "the solver check per module kind)")
+#: The third round (config/mechanism3.yaml): the rate and seed count its pilot chose (docs/mechanism.md, "Round
+#: 3"), a solver arm that passes its check in attention and in the MLP, and no attention-only arm.
+ROUND3 = MechRound("mech3", "mechanism3", _M3, (10.24,), 12, ("solver", "saturation"), ("solver", "saturation"), True,
+                   {"solver": "the scale-normalized inner solve by ADMM (rho 1, 10 iterations) on every constrained "
+                              "matrix",
+                    "saturation": _MECH2_ARM["saturation"]})
 #: Every round, by its report (``workflow.report``).
-ROUNDS = {r.report: r for r in (ROUND2,)}
+ROUNDS = {r.report: r for r in (ROUND2, ROUND3)}
 
 
 def _mech_restore_text(rnd: MechRound, b: str, kind: str) -> str:

@@ -7,8 +7,8 @@ study result the config asks for that is missing is an error naming it. A config
 with ``workflow.report: solvers`` gets the solver study's figure and table alone; one with
 ``workflow.report: sweep`` the learning-rate sweep's (:mod:`mwm.report.sweep`); one with
 ``workflow.report: mechanism`` the causal experiment's (:mod:`mwm.report.mechanism`) and the solver study
-on the pairs one of its runs captured; one with ``workflow.report: mechanism2`` the second causal
-experiment's, per baseline (:mod:`mwm.report.mechanism2`).
+on the pairs one of its runs captured; one with ``workflow.report: mechanism2`` or ``mechanism3`` a
+round of the per-baseline causal experiment (:mod:`mwm.report.mechanism2`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from mwm import paper
 from mwm.config import ConfigError, load_config
 from mwm.errors import write_failure
 from mwm.paths import inside
@@ -54,7 +55,7 @@ def build(cfg: dict, results: Path, out: Path, incomplete: str | None = None) ->
         write_ledger(build_mechanism_ledger(cfg, mechanism_report(cfg, runs, out)), out, incomplete)
         solver_study_report(load_studies(folder, required=SOLVER_STUDY_FILES, cfg=cfg), out)
         return out
-    if cfg["workflow"]["report"] == "mechanism2":  # the second causal experiment, from its runs alone
+    if cfg["workflow"]["report"] in paper.ROUNDS:  # a round of the per-baseline causal experiment, from its runs
         write_ledger(build_mechanism2_ledger(cfg, mechanism2_report(cfg, runs, out)), out, incomplete)
         return out
     studies = load_studies(folder, cfg=cfg)

@@ -554,11 +554,11 @@ def build_mechanism_ledger(cfg: dict, res: pd.DataFrame) -> pd.DataFrame:
 
 
 def build_mechanism2_ledger(cfg: dict, res: pd.DataFrame) -> pd.DataFrame:
-    """The ledger of the second mechanism experiment (``workflow.report: mechanism2``): its ``mech2.*`` rows
-    (:func:`mwm.report.mechanism2.mechanism2_ledger_values`)."""
+    """The ledger of a round of the per-baseline mechanism experiment (``workflow.report: mechanism2`` or
+    ``mechanism3``): its round's rows (:func:`mwm.report.mechanism2.mechanism2_ledger_values`)."""
     from mwm.report.mechanism2 import mechanism2_ledger_values
 
-    return build_values_ledger(cfg, mechanism2_ledger_values(cfg, res), "mechanism2 runs")
+    return build_values_ledger(cfg, mechanism2_ledger_values(cfg, res), f"{cfg['workflow']['report']} runs")
 
 
 def write_ledger(df: pd.DataFrame, out: Path, incomplete: str | None = None) -> None:

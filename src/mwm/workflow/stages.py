@@ -81,7 +81,8 @@ STUDIES = ("alpha", "absorption", "audits", "solvers")
 #: What each kind of report (``workflow.report``) is built from: the studies it reads, and whether it reads
 #: the grid's training runs (the rules' report inputs; ``mwm.workflow.status`` lists these and no others).
 REPORT_INPUTS = {"full": (STUDIES, True), "solvers": (("solvers",), False), "sweep": ((), True),
-                 "mechanism": (("solvers",), True), "mechanism2": ((), True)}
+                 "mechanism": (("solvers",), True), "mechanism2": ((), True),
+                 "mechanism3": ((), True)}
 
 
 #: The kinds of product a config makes, in DAG order; each is a Snakemake target rule (the Snakefile)
