@@ -12,10 +12,12 @@ Prints, each measured in this process:
    measurement's share of a run that measures at every ``train.eval_interval`` steps;
 3. ``--solve-cost``: the normalized solve's cost against the paper's on one bank of DGram matrices
    (``--bank`` matrices of ``--shape``, grown weights and a training-sized momentum), the paper's
-   settings and precision, the two timed alternately: the median ratio normalized / plain.
+   settings and precision, timed alternately: the median ratio normalized / plain (and with ``--admm RHO
+   STEPS`` the normalized ADMM's, round 3's solver arm).
 
     python benchmarks/bench_quality.py --scales
     python benchmarks/bench_quality.py --solve-cost --shape 768 768 --bank 4
+    python benchmarks/bench_quality.py --solve-cost --shape 256 64 --bank 8 --precision float32 --admm 1 10
     python benchmarks/bench_quality.py --cost --config config/mechanism.yaml --assignment dgram hetero
 """
 
@@ -102,26 +104,31 @@ def cost(config: str, assignments: list[str], steps: int, repeats: int) -> None:
                   f"share of a run: {100 * meas / (meas + every * step):.1f}%")
 
 
-def solve_cost(m: int, n: int, bank: int, repeats: int, precision: str) -> None:
+def solve_cost(m: int, n: int, bank: int, repeats: int, precision: str, admm: tuple | None = None) -> None:
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)
     W = torch.stack([dgram_pair(m, n, 30.0, gen)[0] for _ in range(bank)]).float()
     G = 1e-3 * torch.randn(bank, m, n, generator=gen)
     mf = "dgram"
     plain = SolverSettings.defaults(precision=precision)
-    normed = SolverSettings.defaults(precision=precision, normalize=True)
-    times = {"plain": [], "normalized": []}
+    cands = {"plain": plain, "normalized": SolverSettings.defaults(precision=precision, normalize=True)}
+    if admm:
+        rho, steps = admm
+        cands[f"normalized ADMM rho {rho:g}, {int(steps)} it."] = SolverSettings.defaults(
+            precision=precision, normalize=True, solver="admm", rho=float(rho), steps=int(steps))
+    times = {k: [] for k in cands}
     for i in range(repeats + 1):
-        for label, st in (("plain", plain), ("normalized", normed))[:: 1 if i % 2 else -1]:
+        for label, st in list(cands.items())[:: 1 if i % 2 else -1]:
             t0 = time.perf_counter()
             solve(W, G, mf, st)
-            if i:  # the first round warms both up
+            if i:  # the first round warms every candidate up
                 times[label].append(time.perf_counter() - t0)
-    ratios = [a / b for a, b in zip(times["normalized"], times["plain"])]
-    p, q = statistics.median(times["plain"]), statistics.median(times["normalized"])
-    print(f"inner solve, {bank} x DGram {m}x{n}, {plain.steps} iterations, {precision} msign, one thread, "
-          f"{repeats} alternating rounds: plain {1e3 * p:.0f} ms, normalized {1e3 * q:.0f} ms; "
-          f"normalized / plain: median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f})")
+    print(f"inner solve, {bank} x DGram {m}x{n}, the paper's {plain.steps} iterations of dual ascent against each, "
+          f"{precision} msign, one thread, {repeats} alternating rounds:")
+    for label in cands:
+        ratios = [a / b for a, b in zip(times[label], times["plain"])]
+        print(f"  {label}: {1e3 * statistics.median(times[label]):.0f} ms; / plain: median "
+              f"{statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f})")
 
 
 def main(argv=None) -> int:
@@ -136,6 +143,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--solve-cost", action="store_true", help="the normalized solve's cost against the paper's")
     ap.add_argument("--bank", type=int, default=4, help="--solve-cost: matrices in the bank")
+    ap.add_argument("--admm", type=float, nargs=2, metavar=("RHO", "STEPS"),
+                    help="--solve-cost: also the normalized ADMM at this penalty and iteration count")
     ap.add_argument("--precision", default="bfloat16", choices=("bfloat16", "float32"),
                     help="--solve-cost: msign precision (bfloat16: as released)")
     args = ap.parse_args(argv)
@@ -146,7 +155,7 @@ def main(argv=None) -> int:
     if args.cost:
         cost(args.config, args.assignment, args.steps, args.repeats)
     if args.solve_cost:
-        solve_cost(*args.shape, args.bank, args.repeats, args.precision)
+        solve_cost(*args.shape, args.bank, args.repeats, args.precision, args.admm)
     return 0
 
 
