@@ -13,11 +13,15 @@ Prints, each measured in this process:
 3. ``--solve-cost``: the normalized solve's cost against the paper's on one bank of DGram matrices
    (``--bank`` matrices of ``--shape``, grown weights and a training-sized momentum), the paper's
    settings and precision, timed alternately: the median ratio normalized / plain (and with ``--admm RHO
-   STEPS`` the normalized ADMM's, round 3's solver arm).
+   STEPS`` the normalized ADMM's, round 3's solver arm);
+4. ``--pairs NPZ ...``: the solver check's quantities per module kind (alignment share against the converged
+   reference, tangent violation) of the paper's solve, the normalized dual ascent and (``--admm``) the
+   normalized ADMM, on pairs a run captured (``train.capture_sequence``).
 
     python benchmarks/bench_quality.py --scales
     python benchmarks/bench_quality.py --solve-cost --shape 768 768 --bank 4
     python benchmarks/bench_quality.py --solve-cost --shape 256 64 --bank 8 --precision float32 --admm 1 10
+    python benchmarks/bench_quality.py --pairs RUN/sequence/step_*.npz --precision float32 --admm 1 10
     python benchmarks/bench_quality.py --cost --config config/mechanism.yaml --assignment dgram hetero
 """
 
@@ -131,6 +135,52 @@ def solve_cost(m: int, n: int, bank: int, repeats: int, precision: str, admm: tu
               f"{statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f})")
 
 
+def pairs_check(files: list[str], admm: tuple | None, precision: str) -> None:
+    """The solver check's two quantities per module kind on captured pairs (``sequence/step_*.npz`` of a run
+    with ``train.capture_sequence``): for each candidate solve, the median alignment share (its alignment over
+    the converged reference's, :mod:`mwm.optim.quality`) and the median tangent violation, attention and MLP
+    apart, banked by shape as the measurement banks them."""
+    import numpy as np
+
+    from mwm.optim.manifolds import to_tall
+    from mwm.optim.quality import solve_quality
+
+    torch.set_num_threads(1)
+    cands = {"paper (20 it. dual ascent)": SolverSettings.defaults(precision=precision),
+             "normalized dual ascent (20 it.)": SolverSettings.defaults(precision=precision, normalize=True)}
+    if admm:
+        rho, steps = admm
+        cands[f"normalized ADMM rho {rho:g}, {int(steps)} it."] = SolverSettings.defaults(
+            precision=precision, normalize=True, solver="admm", rho=float(rho), steps=int(steps))
+    rows = {(c, k): ([], []) for c in cands for k in ("attn", "mlp")}
+    for f in files:
+        z = np.load(f)
+        banks: dict = {}
+        for i, (name, mf) in enumerate(zip(z["names"], z["manifolds"])):
+            if str(mf) not in ("stiefel", "dgram"):
+                continue
+            W, G = (to_tall(torch.from_numpy(z[f"{k}_{i}"]).float())[0] for k in ("W", "G"))
+            banks.setdefault(tuple(W.shape), []).append((str(name), str(mf), W, G))
+        for bank in banks.values():
+            W = torch.stack([b[2] for b in bank])
+            G = torch.stack([b[3] for b in bank])
+            mfs = [b[1] for b in bank]
+            for c, st in cands.items():
+                q = solve_quality(W, G, solve(W, G, mfs, st).A, mfs)
+                for j, b in enumerate(bank):
+                    kind = "attn" if ".attn." in b[0] else "mlp"
+                    rows[c, kind][0].append(float(q["alignment"][j] / q["alignment_converged"][j]))
+                    rows[c, kind][1].append(float(q["violation"][j]))
+    print(f"the solver check's quantities on {len(files)} captured step(s), {precision} msign "
+          "(median over matrices; the check: share >= 0.9, violation <= 0.02 per module kind)")
+    print("| candidate | attention share | attention violation | MLP share | MLP violation |")
+    print("| --- | --- | --- | --- | --- |")
+    for c in cands:
+        a, m = rows[c, "attn"], rows[c, "mlp"]
+        print(f"| {c} | {statistics.median(a[0]):.3f} | {statistics.median(a[1]):.4f} | "
+              f"{statistics.median(m[0]):.3f} | {statistics.median(m[1]):.4f} |")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scales", action="store_true", help="the alignment table against the weight scale")
@@ -143,19 +193,23 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--solve-cost", action="store_true", help="the normalized solve's cost against the paper's")
     ap.add_argument("--bank", type=int, default=4, help="--solve-cost: matrices in the bank")
+    ap.add_argument("--pairs", nargs="+", metavar="NPZ",
+                    help="the solver check per module kind on captured pairs (sequence/step_*.npz files)")
     ap.add_argument("--admm", type=float, nargs=2, metavar=("RHO", "STEPS"),
                     help="--solve-cost: also the normalized ADMM at this penalty and iteration count")
     ap.add_argument("--precision", default="bfloat16", choices=("bfloat16", "float32"),
                     help="--solve-cost: msign precision (bfloat16: as released)")
     args = ap.parse_args(argv)
-    if not (args.scales or args.cost or args.solve_cost):
-        ap.error("give --scales, --cost or --solve-cost")
+    if not (args.scales or args.cost or args.solve_cost or args.pairs):
+        ap.error("give --scales, --cost, --solve-cost or --pairs")
     if args.scales:
         scales_table(*args.shape, args.draws)
     if args.cost:
         cost(args.config, args.assignment, args.steps, args.repeats)
     if args.solve_cost:
         solve_cost(*args.shape, args.bank, args.repeats, args.precision, args.admm)
+    if args.pairs:
+        pairs_check(args.pairs, args.admm, args.precision)
     return 0
 
 

@@ -45,3 +45,32 @@ def test_the_solve_cost_is_printed_as_a_ratio_of_alternating_rounds(capsys):
         m = re.search(rf"  {re.escape(label)}: [\d.]+ ms; / plain: median ([\d.]+) \(min ([\d.]+), max ([\d.]+)\)", out)
         assert m and 0 < float(m.group(2)) <= float(m.group(1)) <= float(m.group(3)), (label, out)
     assert "plain: median 1.000 (min 1.000, max 1.000)" in out  # the baseline against itself
+
+
+def test_the_pairs_check_prints_each_candidate_per_module_kind(tmp_path, capsys):
+    import numpy as np
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    names, mfs, arrays = [], [], {}
+    for i, (name, mf, shape) in enumerate([("h.0.attn.c_proj.weight", "dgram", (32, 32)),
+                                           ("h.0.mlp.c_fc.weight", "stiefel", (64, 32)),
+                                           ("h.1.mlp.c_fc.weight", "dgram", (64, 32))]):
+        Q, _ = torch.linalg.qr(torch.randn(*shape, generator=g))
+        arrays[f"W_{i}"] = (Q * (20.0 if mf == "dgram" else 1.0)).numpy()
+        arrays[f"G_{i}"] = (1e-3 * torch.randn(*shape, generator=g)).numpy()
+        names.append(name)
+        mfs.append(mf)
+    f = tmp_path / "step_000010.npz"
+    np.savez(f, names=np.array(names), manifolds=np.array(mfs), **arrays)
+    bench = load_benchmark("bench_quality")
+    assert bench.main(["--pairs", str(f), "--precision", "float32", "--admm", "1", "10"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert [r.split(" | ")[0][2:] for r in rows] == ["paper (20 it. dual ascent)", "normalized dual ascent (20 it.)",
+                                                    "normalized ADMM rho 1, 10 it."]
+    for r in rows:
+        cells = [float(x) for x in r.strip("| ").split(" | ")[1:]]
+        assert len(cells) == 4 and all(np.isfinite(cells))
+    admm = [float(x) for x in rows[2].strip("| ").split(" | ")[1:]]
+    assert admm[0] > 0.8 and admm[1] < 0.05  # a solve that follows the momentum, near the tangent space
