@@ -434,6 +434,18 @@ def test_tiny_mechanism_config_runs_end_to_end(tmp_path):
     assert float(sp[sp.module == "mlp"].sigma_max.max()) <= 4.0 * (1 + 1e-4)
 
 
+def assert_round_report(out, name: str) -> None:
+    """A round of the per-baseline mechanism report in ``out``: its files, named after the round, each with a
+    caption."""
+    for f in (f"fig_{name}_loss.png", f"fig_{name}_chain.png", f"fig_{name}_checks.png", f"table_{name}.md",
+              f"table_{name}_contrasts.csv", f"table_{name}_margins.csv", f"{name}_runs.csv", "ledger.md"):
+        assert (out / f).is_file(), f
+    captions = (ROOT / "captions" / "item.rst").read_text()
+    for f in out.iterdir():
+        if f.suffix in (".png", ".gif", ".csv"):
+            assert f'item == "{f.stem}"' in captions, f"{f.name} has no caption in captions/item.rst"
+
+
 def test_tiny_mechanism2_config_runs_end_to_end(tmp_path):
     # config/ci-mechanism2.yaml: the second mechanism experiment's code paths, with one rate where every
     # run goes unstable, each kind of intervention beside All DGram, and no Hetero-inv arm
@@ -443,14 +455,7 @@ def test_tiny_mechanism2_config_runs_end_to_end(tmp_path):
     res = snakemake(tmp_path, ROOT / "config" / "ci-mechanism2.yaml", "all")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     out = tmp_path / "paper_figures" / "ci-mechanism2"
-    for f in ("fig_mechanism2_loss.png", "fig_mechanism2_chain.png", "fig_mechanism2_checks.png",
-              "table_mechanism2.md", "table_mechanism2_contrasts.csv", "table_mechanism2_margins.csv",
-              "mechanism2_runs.csv", "ledger.md"):
-        assert (out / f).is_file(), f
-    captions = (ROOT / "captions" / "item.rst").read_text()
-    for f in out.iterdir():
-        if f.suffix in (".png", ".gif", ".csv"):
-            assert f'item == "{f.stem}"' in captions, f"{f.name} has no caption in captions/item.rst"
+    assert_round_report(out, "mechanism2")
     runs = pd.read_csv(out / "mechanism2_runs.csv")
     top = max(cfg["grid"]["sweep"]["muon_lr"])
     assert set(runs[runs.rate == top].failed) == {True} and set(runs[runs.rate < top].status) == {"completed"}
@@ -480,14 +485,7 @@ def test_tiny_mechanism3_config_runs_end_to_end(tmp_path):
     res = snakemake(tmp_path, ROOT / "config" / "ci-mechanism3.yaml", "all")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     out = tmp_path / "paper_figures" / "ci-mechanism3"
-    for f in ("fig_mechanism3_loss.png", "fig_mechanism3_chain.png", "fig_mechanism3_checks.png",
-              "table_mechanism3.md", "table_mechanism3_contrasts.csv", "table_mechanism3_margins.csv",
-              "mechanism3_runs.csv", "ledger.md"):
-        assert (out / f).is_file(), f
-    captions = (ROOT / "captions" / "item.rst").read_text()
-    for f in out.iterdir():
-        if f.suffix in (".png", ".gif", ".csv"):
-            assert f'item == "{f.stem}"' in captions, f"{f.name} has no caption in captions/item.rst"
+    assert_round_report(out, "mechanism3")
     runs = pd.read_csv(out / "mechanism3_runs.csv")
     # the solver arm's check is the per-kind one, and each run's summary.json records both kinds
     folder = tmp_path / "results" / "runs" / "ci-mechanism3"

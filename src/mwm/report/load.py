@@ -12,7 +12,7 @@ import pandas as pd
 
 from mwm.plan.runs import FINAL_STATUSES, RUN_FILES, Plan
 
-__all__ = ["ReportError", "RunData", "read_run", "load_runs", "spectra_steps", "load_spectrum"]
+__all__ = ["ReportError", "RunData", "read_run", "read_grid", "load_runs", "spectra_steps", "load_spectrum"]
 
 
 class ReportError(ValueError):
@@ -83,22 +83,31 @@ def read_run(d: Path, variant: str, seed: int) -> RunData:
                    _read_log(d / "attention.csv"), _read_log(d / "metrics.csv"), _read_log(d / "solver.csv"))
 
 
-def load_runs(cfg: dict, root: str | Path = "results") -> dict[tuple[str, int], RunData]:
-    """Every (variant, seed) of the config's grid."""
-    missing, foreign, runs = [], [], {}
-    plan = Plan(cfg, root)
+def read_grid(plan: Plan) -> tuple[dict[tuple[str, int], RunData], list[str]]:
+    """Every finished run of ``plan``'s grid as it is on disk (nothing checked), and one line per run whose
+    files are missing."""
+    runs, missing = {}, []
     for variant in plan.variants:
         for seed in plan.seeds:
             d = plan.run(variant, seed).dir
             absent = [f for f in RUN_FILES if not (d / f).exists()]
             if absent:
                 missing.append(f"{d} (missing {', '.join(absent)})")
-                continue
-            runs[variant, seed] = read_run(d, variant, seed)
-            check_backed(runs[variant, seed])
-            problem = plan.problem(runs[variant, seed].summary, variant, seed)
-            if problem:
-                foreign.append(f"{d / 'summary.json'}: {problem}")
+            else:
+                runs[variant, seed] = read_run(d, variant, seed)
+    return runs, missing
+
+
+def load_runs(cfg: dict, root: str | Path = "results") -> dict[tuple[str, int], RunData]:
+    """Every (variant, seed) of the config's grid."""
+    foreign = []
+    plan = Plan(cfg, root)
+    runs, missing = read_grid(plan)
+    for (variant, seed), run in runs.items():
+        check_backed(run)
+        problem = plan.problem(run.summary, variant, seed)
+        if problem:
+            foreign.append(f"{run.dir / 'summary.json'}: {problem}")
     if missing:
         raise ReportError("training runs missing for the report:\n  " + "\n  ".join(missing))
     if foreign:

@@ -24,7 +24,7 @@ from typing import Sequence
 import pandas as pd
 
 from mwm import paper
-from mwm.plan.runs import RUN_FILES, run_config
+from mwm.plan.runs import run_config
 from mwm.plan.variants import rate_label, sweep_points
 from mwm.train import manipulation
 
@@ -123,17 +123,9 @@ def load_pilot(cfg: dict, root: str) -> tuple[dict, list[str]]:
     versions are printed; a version moves no training loss unless its history says so)."""
     from mwm.numerics import recorded_version
     from mwm.plan.runs import Plan
-    from mwm.report.load import ReportError, read_run
+    from mwm.report.load import ReportError, read_grid
 
-    plan, runs, missing = Plan(cfg, root), {}, []
-    for variant in plan.variants:
-        for seed in plan.seeds:
-            d = plan.run(variant, seed).dir
-            absent = [f for f in RUN_FILES if not (d / f).exists()]
-            if absent:
-                missing.append(f"{d} (missing {', '.join(absent)})")
-            else:
-                runs[variant, seed] = read_run(d, variant, seed)
+    runs, missing = read_grid(Plan(cfg, root))
     if missing:
         raise ReportError("pilot runs missing:\n  " + "\n  ".join(missing))
     versions = sorted({str(recorded_version(r.summary)) for r in runs.values()})
