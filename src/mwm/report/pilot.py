@@ -48,13 +48,11 @@ def pilot_rows(cfg: dict, runs, res: pd.DataFrame) -> list[dict]:
     highest violation) and saturation (passed runs, lowest layer entropy)."""
     rows = []
     for variant, (arm, rate) in sweep_points(cfg["grid"]).items():
-        mods = manipulation.checked_modules(run_config(cfg, variant)["train"])
-        got = []
-        for seed in cfg["grid"]["seeds"]:
-            r = runs[variant, seed]
-            got.append(manipulation.run_checks(run_config(cfg, variant)["train"],
-                                               r.solver.to_dict("records") if len(r.solver) else [],
-                                               r.attention.to_dict("records") if len(r.attention) else []))
+        train = run_config(cfg, variant)["train"]
+        mods = manipulation.checked_modules(train)
+        got = [manipulation.run_checks(train, runs[variant, seed].solver.to_dict("records"),
+                                       runs[variant, seed].attention.to_dict("records"))
+               for seed in cfg["grid"]["seeds"]]
         g = res[(res.arm == arm) & (res.rate == rate)]
         failed = [None if f is None else bool(f) for f in g.failed]
         k, n = sum(f is True for f in failed), sum(f is not None for f in failed)

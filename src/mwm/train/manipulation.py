@@ -67,11 +67,11 @@ def solver_check(rows: Iterable[Mapping], modules: Sequence[str] = ("attn", "mlp
     rows = [r for r in rows if r["module"] in modules]
     out = _solver_summary(rows, modules)
     out["per_kind"] = {m: _solver_summary([r for r in rows if r["module"] == m], (m,)) for m in modules}
-    gaps = [abs(_number(r["gap_converged"])) for r in rows if "gap_converged" in r
-            and int(float(r["step"])) in set(_steps(rows))]
-    out["reference_gap_max"] = max(gaps, key=_nan_high) if gaps else None
-    if out["reference_gap_max"] is not None and not math.isfinite(out["reference_gap_max"]):
-        out["reference_gap_max"] = None
+    checked = set(_steps(rows))
+    gaps = [abs(_number(r["gap_converged"])) for r in rows
+            if "gap_converged" in r and int(float(r["step"])) in checked]
+    worst = max(gaps, key=_nan_high) if gaps else None  # a NaN gap (no reference) is the worst: unknown
+    out["reference_gap_max"] = worst if worst is not None and math.isfinite(worst) else None
     return out
 
 
