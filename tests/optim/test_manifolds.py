@@ -3,7 +3,8 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from mwm.optim.manifolds import MANIFOLDS, cap_column_norms, get_manifold, retract_dgram_svd
+from mwm.optim.manifolds import (MANIFOLDS, POLARS, cap_column_norms, get_manifold, newton_schulz_steps,
+                                 retract_dgram_svd)
 
 SHAPES = [(48, 16), (32, 32), (16, 48), (3, 40, 12)]
 
@@ -128,8 +129,9 @@ def test_cap_column_norms_refuses_a_cap_that_is_not_positive():
             cap_column_norms(torch.ones(4, 2), cap)
 
 
+@pytest.mark.parametrize("polar", POLARS)
 @pytest.mark.parametrize("retraction", ["paper", "colnorm"])
-def test_dgram_retraction_keeps_the_singular_values_of_a_nearly_singular_weight(retraction):
+def test_dgram_retraction_keeps_the_singular_values_of_a_nearly_singular_weight(retraction, polar):
     # a float32 Gram's small eigenvalues are noise: taken to the power -1/2 in float32 or float64 they
     # once blew a nearly singular attention c_proj up from sigma_max 134 to 1050 in one retraction
     # (config/sweep.yaml, All DGram at eta 0.32); the retraction now redoes such weights in float64
@@ -140,7 +142,7 @@ def test_dgram_retraction_keeps_the_singular_values_of_a_nearly_singular_weight(
     sigma = torch.logspace(math.log10(134.0), -6, n, dtype=torch.float64)
     sigma[-2:] = 0.0  # rank deficient, as the weight before the blow-up
     W = ((U * sigma) @ V.mT).float()
-    out = get_manifold("dgram", retraction).retract(W)
+    out = get_manifold("dgram", retraction, polar).retract(W)
     assert torch.isfinite(out).all()
     top = float(torch.linalg.matrix_norm(out.double(), ord=2))
     assert top <= 134.0 * (1 + 1e-3)  # the retraction never grows sigma_max (the growth bound's premise)
@@ -175,3 +177,59 @@ def test_only_the_unresolved_matrices_of_a_bank_go_to_svd_and_by_one_decompositi
     gram = out[1].double().mT @ out[1].double()
     off = gram - torch.diag_embed(gram.diagonal())
     assert float(off.norm() / gram.norm()) < 1e-5  # on the manifold
+
+
+def _spread_bank(g: torch.Generator, m: int, n: int, kappas) -> torch.Tensor:
+    """One float64 matrix per ``kappa``: orthonormal columns scaled 1..kappa (log-spaced), mixed by a
+    random rotation and nudged off DGram, so its Gram is full and conditioned ``kappa^2``."""
+    out = []
+    for kappa in kappas:
+        Q = torch.linalg.qr(torch.randn(m, n, dtype=torch.float64, generator=g)).Q
+        R = torch.linalg.qr(torch.randn(n, n, dtype=torch.float64, generator=g)).Q
+        out.append((Q * torch.logspace(0, math.log10(kappa), n, dtype=torch.float64)) @ R
+                   + 1e-2 * torch.randn(m, n, dtype=torch.float64, generator=g))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("retraction", ["paper", "colnorm"])
+def test_newton_schulz_polar_is_the_eigh_retraction_to_float64_rounding(retraction):
+    """The batched solve gives the eigh form's retraction: in float64 to its rounding (kappa up to 1e4, one
+    bank mixing well and badly conditioned matrices, so the worst sets the steps for all), and in float32
+    bit for bit or within its last place."""
+    g = torch.Generator().manual_seed(11)
+    X = _spread_bank(g, 96, 32, (1.0, 10.0, 100.0, 1e4))
+    eigh = get_manifold("dgram", retraction, "eigh").retract(X)
+    ns = get_manifold("dgram", retraction, "newton-schulz").retract(X)
+    def rel(a, b):
+        return (a - b).norm(dim=(-2, -1)) / b.norm(dim=(-2, -1))
+
+    # eigh loses about eps kappa^2 (the Gram's condition): 1e-8 at kappa 1e4, far below float32's place
+    assert float(rel(ns, eigh).amax()) < 1e-8 and float(rel(ns, eigh)[:3].amax()) < 1e-12
+    if retraction == "paper":  # against the released SVD form: as accurate as eigh (both square kappa)
+        ref = retract_dgram_svd(X)
+        assert bool((rel(ns, ref) <= 2 * rel(eigh, ref) + 1e-13).all()), (rel(ns, ref), rel(eigh, ref))
+    X32 = X.float()
+    a = get_manifold("dgram", retraction, "eigh").retract(X32)
+    b = get_manifold("dgram", retraction, "newton-schulz").retract(X32)
+    assert b.dtype == torch.float32 and float(((a - b).norm() / a.norm())) < 1e-6
+    gram = b.double().mT @ b.double()
+    d = gram.diagonal(dim1=-2, dim2=-1).sqrt()
+    cos = gram / (d.unsqueeze(-1) * d.unsqueeze(-2))
+    assert float((cos - torch.diag_embed(cos.diagonal(dim1=-2, dim2=-1))).abs().amax()) < 1e-5  # on DGram
+
+
+def test_newton_schulz_steps_follow_the_smallest_eigenvalue():
+    steps = [newton_schulz_steps(mu) for mu in (1.0, 0.5, 1e-2, 1e-4, 1e-10)]
+    assert steps[0] == 0 and steps == sorted(steps) and steps[-1] < 60
+    # each eigenvalue's product p = z y after that many steps is 1 to the tolerance, and not one step before
+    for mu, k in zip((0.5, 1e-2, 1e-4, 1e-10), steps[1:]):
+        p = mu
+        for i in range(k):
+            before = p
+            p *= (3.0 - p) ** 2 / 4.0
+        assert 1.0 - p <= 1e-15 < 1.0 - before
+
+
+def test_an_unknown_polar_solve_is_refused_by_name():
+    with pytest.raises(ValueError, match="polar solve 'qr'; choose one of eigh, newton-schulz"):
+        get_manifold("dgram", "paper", "qr")

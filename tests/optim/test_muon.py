@@ -158,3 +158,35 @@ def test_non_matrix_and_bad_manifold_rejected():
         ManifoldMuon([{"params": [nn.Parameter(torch.ones(4))], "manifold": "stiefel", "names": ["ln.weight"]}])
     with pytest.raises(ValueError, match="unknown manifold 'grassmann'"):
         ManifoldMuon([{"params": [nn.Parameter(torch.ones(4, 4))], "manifold": "grassmann"}])
+
+
+def test_the_newton_schulz_polar_trains_as_eigh_does_and_is_read_from_the_train_section():
+    """``train.dgram_polar`` reaches every DGram retraction of the optimizer (through
+    OptimizerSettings), and the batched solve trains All DGram to eigh's weights within float32's
+    rounding; an optimizer whose groups predate the key (an older checkpoint's) retracts by eigh."""
+    from mwm.config.names import PAPER_TRAIN
+
+    settings = OptimizerSettings.from_train({**PAPER_TRAIN, "dual_ascent_steps": 4, "dgram_polar": "newton-schulz"})
+    assert settings.dgram_polar == "newton-schulz"
+    assert OptimizerSettings.from_train({**PAPER_TRAIN}).dgram_polar is None
+    models = {}
+    for polar in ("eigh", "newton-schulz"):
+        torch.manual_seed(5)
+        model = Tiny(d=16)
+        opts = build_optimizers(model, "dgram", OptimizerSettings.defaults(
+            solver=SolverSettings.defaults(steps=4), dgram_polar=polar))
+        assert {g["dgram_polar"] for g in opts.muon.param_groups if g["manifold"] == "dgram"} == {polar}
+        train(model, opts, steps=3)
+        models[polar] = model
+    for (n, a), (_, b) in zip(models["eigh"].named_parameters(), models["newton-schulz"].named_parameters()):
+        assert float((a - b).norm()) <= 1e-5 * float(a.norm()), n
+    torch.manual_seed(5)
+    model = Tiny(d=16)
+    opts = build_optimizers(model, "dgram", OptimizerSettings.defaults(solver=SolverSettings.defaults(steps=4)))
+    for g in opts.muon.param_groups:
+        del g["dgram_polar"]
+    train(model, opts, steps=3)
+    for (n, a), (_, b) in zip(models["eigh"].named_parameters(), model.named_parameters()):
+        assert torch.equal(a, b), n
+    with pytest.raises(ValueError, match="unknown dgram_polar 'qr'"):
+        ManifoldMuon([{"params": [nn.Parameter(torch.ones(4, 4))], "manifold": "dgram"}], dgram_polar="qr")

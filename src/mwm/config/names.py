@@ -30,7 +30,7 @@ from typing import Mapping
 
 # The optimizer's own vocabulary lives with it (torch-free); the package reads it from here.
 from mwm.optim.vocab import (ADAMW, ATTN_KEYS, MLP_KEYS, MSIGN_KEYS, MSIGN_STEPS, NAMED_ASSIGNMENTS, NORMALIZE_SCOPES,
-                             PAPER_TRAIN, PRECISIONS, RETRACTIONS, SOLVER_KEYS, SOLVERS)
+                             PAPER_TRAIN, POLARS, PRECISIONS, RETRACTIONS, SOLVER_KEYS, SOLVERS)
 
 __all__ = [
     "ATTN_KEYS",
@@ -42,6 +42,7 @@ __all__ = [
     "PAPER_ASSIGNMENTS",
     "UNCONSTRAINED",
     "RETRACTIONS",
+    "POLARS",
     "SOLVERS",
     "NORMALIZE_SCOPES",
     "PRECISIONS",

@@ -204,6 +204,7 @@ class OptimizerSettings:
     attn_sigma_cap: float | None = None
     mlp_sigma_cap: float | None = None
     solver_normalize: str | None = None
+    dgram_polar: str | None = None
 
     @classmethod
     def from_train(cls, train: Mapping, retraction: str | None = None) -> "OptimizerSettings":
@@ -213,7 +214,7 @@ class OptimizerSettings:
                    weight_decay=train["weight_decay"], muon_lr=train["muon_lr"], momentum=train["muon_momentum"],
                    dgram_retraction=retraction or train["dgram_retraction"], solver=SolverSettings.from_train(train),
                    attn_sigma_cap=train.get("attn_sigma_cap"), mlp_sigma_cap=train.get("mlp_sigma_cap"),
-                   solver_normalize=train.get("solver_normalize"))
+                   solver_normalize=train.get("solver_normalize"), dgram_polar=train.get("dgram_polar"))
 
     @classmethod
     def defaults(cls, **changes) -> "OptimizerSettings":
@@ -273,5 +274,5 @@ def build_optimizers(
             for (mf, capped, normalized), (names, params) in sorted(muon_groups.items())
         ]
         muon = ManifoldMuon(groups, lr=s.muon_lr, momentum=s.momentum, dgram_retraction=s.dgram_retraction,
-                            init_on_manifold=init_on_manifold, solver=s.solver)
+                            dgram_polar=s.dgram_polar, init_on_manifold=init_on_manifold, solver=s.solver)
     return Optimizers(muon=muon, adamw=adamw, assignment=plan, _named=named)

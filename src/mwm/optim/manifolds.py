@@ -32,6 +32,14 @@ squares the weight's condition number, and a float32 Gram's eigh loses ``eps kap
 on the mini model's weights, 10x a float32 SVD's error; ``benchmarks/bench_accuracy.py``), where a
 float64 one is exact to the float32 result's rounding. A weight whose Gram spans too many orders of
 magnitude even for that (nearly singular) is retracted by SVD in float64 instead.
+
+The inverse square root of that Gram comes from one of two solves (``polar``, ``train.dgram_polar``):
+``eigh``, one eigendecomposition per matrix (the default, and the form every published run used), or
+``newton-schulz``: the eigenvalues alone by ``eigvalsh`` (still one call per matrix, but no vectors),
+then the coupled Newton-Schulz iteration in float64 for the whole bank at once (matmuls only), for
+the number of steps its worst-conditioned matrix needs (worked out from the eigenvalues, so there is
+no convergence test and no extra sync). A GPU's eigensolver is per matrix above n = 32, so the second
+may be the faster there; on a CPU it costs several times the first (``benchmarks/bench_retraction.py``).
 """
 
 from __future__ import annotations
@@ -42,11 +50,12 @@ from typing import Callable
 import torch
 
 from mwm.optim.msign import msign, polar_exact
-from mwm.optim.vocab import RETRACTIONS
+from mwm.optim.vocab import POLARS, RETRACTIONS
 
 __all__ = [
     "MANIFOLDS",
     "DGRAM_RETRACTIONS",
+    "POLARS",
     "Manifold",
     "get_manifold",
     "to_tall",
@@ -94,11 +103,11 @@ def _resolved(values: torch.Tensor) -> torch.Tensor:
     return values.amin(-1) * _EIGH_MAX_SPREAD >= values.amax(-1)
 
 
-def _inv_sqrt_psd(S: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _inv_sqrt_psd(S: torch.Tensor, polar: str = "eigh") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Eigenvalues (ascending) and ``S^{-1/2}`` of a batch of symmetric PSD float64 matrices, and a
     mask of the matrices whose eigenvalue spread eigh resolves (``_EIGH_MAX_SPREAD``): the caller
     retracts the others, and only them, by SVD in float64 from the weight itself, as the released
-    code does (by SVD).
+    code does (by SVD). ``polar``: ``eigh`` or ``newton-schulz`` (the module docstring).
 
     Why not carry on with eigh there: the small eigenvalues carry the Gram's rounding (eps times the
     largest), and their power -1/2 blows those directions up: on a nearly singular weight the eigh
@@ -109,12 +118,45 @@ def _inv_sqrt_psd(S: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     """
     if not bool(torch.isfinite(S).all()):
         raise FloatingPointError("Gram matrix has NaN or Inf entries (the weight diverged); cannot retract")
-    evals, evecs = torch.linalg.eigh(S)
+    if polar == "eigh":
+        evals, evecs = torch.linalg.eigh(S)
+    else:
+        evals = torch.linalg.eigvalsh(S)
     # the diagonal lies inside the eigenvalue range: its spread bounds theirs from below, whatever eigh made
     ok = _resolved(S.diagonal(dim1=-2, dim2=-1)) & _resolved(evals)
     floor = evals[..., -1:].clamp_min(torch.finfo(evals.dtype).tiny) * torch.finfo(evals.dtype).eps
-    inv_root = evals.clamp_min(floor).rsqrt()
-    return evals, (evecs * inv_root.unsqueeze(-2)) @ evecs.mT, ok
+    if polar == "eigh":
+        inv_root = evals.clamp_min(floor).rsqrt()
+        return evals, (evecs * inv_root.unsqueeze(-2)) @ evecs.mT, ok
+    return evals, _inv_sqrt_newton_schulz(S, evals.clamp_min(floor)), ok
+
+
+def newton_schulz_steps(mu: float, tol: float = 1e-15, cap: int = 60) -> int:
+    """Steps of the coupled Newton-Schulz iteration that bring an eigenvalue ``mu`` in (0, 1] of
+    ``S / lambda_max`` to ``1 - p <= tol``, ``p = z y`` its product (1 at convergence): the iteration
+    acts on each eigenvalue alone, ``p <- p (3 - p)^2 / 4``, so the smallest one sets the count."""
+    p, steps = min(max(mu, 1e-300), 1.0), 0
+    while 1.0 - p > tol and steps < cap:
+        p *= (3.0 - p) ** 2 / 4.0
+        steps += 1
+    return steps
+
+
+def _inv_sqrt_newton_schulz(S: torch.Tensor, evals: torch.Tensor) -> torch.Tensor:
+    """``S^{-1/2}`` of a batch of SPD matrices with ascending eigenvalues ``evals``, by the coupled
+    iteration ``T = (3I - Z Y) / 2, Y <- Y T, Z <- T Z`` from ``Y = S / lambda_max, Z = I`` (stable,
+    unlike the single-sequence Newton form; Z tends to ``(S / lambda_max)^{-1/2}``)."""
+    lmax = evals[..., -1].clamp_min(torch.finfo(S.dtype).tiny)
+    # the bank's worst matrix sets the count; an unresolved one (replaced by SVD) is counted at the limit
+    mu = float((evals[..., 0] / lmax).clamp_min(1.0 / _EIGH_MAX_SPREAD).amin()) if S.numel() else 1.0
+    Y = S / lmax[..., None, None]
+    eye = torch.eye(S.shape[-1], dtype=S.dtype, device=S.device).expand_as(S)
+    Z = eye.clone()
+    for _ in range(newton_schulz_steps(mu)):
+        T = 1.5 * eye - 0.5 * (Z @ Y)
+        Y, Z = Y @ T, T @ Z
+    Z = 0.5 * (Z + Z.mT)  # symmetric in exact arithmetic; rounding is not
+    return Z * lmax.rsqrt()[..., None, None]
 
 
 def _by_svd_where_unresolved(out: torch.Tensor, X: torch.Tensor, ok: torch.Tensor, scale=None) -> torch.Tensor:
@@ -137,19 +179,20 @@ def _by_svd_where_unresolved(out: torch.Tensor, X: torch.Tensor, ok: torch.Tenso
 
 
 # Both DGram forms take and return a tall float64 batch (``_retract_dgram`` casts).
-def retract_dgram_paper(W: torch.Tensor) -> torch.Tensor:
-    """The DGram retraction of a tall ``W`` in its own dtype, through one eigh of its Gram (the
-    SVD where that cannot resolve it); the manifold's ``retract`` runs it in float64."""
-    evals, inv_root, ok = _inv_sqrt_psd(_gram(W))
+def retract_dgram_paper(W: torch.Tensor, polar: str = "eigh") -> torch.Tensor:
+    """The DGram retraction of a tall ``W`` in its own dtype, through the inverse square root of its
+    Gram by ``polar`` (the SVD where that cannot resolve it); the manifold's ``retract`` runs it in
+    float64."""
+    evals, inv_root, ok = _inv_sqrt_psd(_gram(W), polar)
     sigma_desc = evals.clamp_min(0).sqrt().flip(-1)
     return _by_svd_where_unresolved((W @ inv_root) * sigma_desc.unsqueeze(-2), W, ok)
 
 
-def _retract_dgram_colnorm(W: torch.Tensor) -> torch.Tensor:
+def _retract_dgram_colnorm(W: torch.Tensor, polar: str = "eigh") -> torch.Tensor:
     gram = _gram(W)
     d = gram.diagonal(dim1=-2, dim2=-1).clamp_min(torch.finfo(gram.dtype).tiny).sqrt()
     corr = gram / (d.unsqueeze(-1) * d.unsqueeze(-2))  # Gram of the column-normalized W
-    _, inv_root, ok = _inv_sqrt_psd(corr)
+    _, inv_root, ok = _inv_sqrt_psd(corr, polar)
     # polar(W D^-1) D = W (D^-1 corr^-1/2 D): one m x n by n x n product
     return _by_svd_where_unresolved(W @ (inv_root / d.unsqueeze(-1) * d.unsqueeze(-2)), W, ok, scale=d)
 
@@ -204,16 +247,17 @@ def _zeros(n: int, dtype, device) -> torch.Tensor:
     return torch.zeros(n, n, dtype=dtype, device=device)
 
 
-def _retract_stiefel(T: torch.Tensor, precision: str, kind: str) -> torch.Tensor:
+def _retract_stiefel(T: torch.Tensor, precision: str, kind: str, polar: str) -> torch.Tensor:
     return msign(T, precision=precision)
 
 
-def _retract_dgram(T: torch.Tensor, precision: str, kind: str) -> torch.Tensor:
+def _retract_dgram(T: torch.Tensor, precision: str, kind: str, polar: str) -> torch.Tensor:
     X = T.to(torch.float64)  # why float64: the module docstring
-    return (retract_dgram_paper(X) if kind == "paper" else _retract_dgram_colnorm(X)).to(T.dtype)
+    form = retract_dgram_paper if kind == "paper" else _retract_dgram_colnorm
+    return form(X, polar).to(T.dtype)
 
 
-def _retract_oblique(T: torch.Tensor, precision: str, kind: str) -> torch.Tensor:
+def _retract_oblique(T: torch.Tensor, precision: str, kind: str, polar: str) -> torch.Tensor:
     return T / T.norm(dim=-2, keepdim=True).clamp_min(1e-12)
 
 
@@ -222,14 +266,14 @@ class _Spec:
     """What sets one manifold apart: ``project`` is ``P`` and ``project_`` the same map
     allowed to overwrite its argument; ``target`` builds ``C``; ``retract`` maps a tall
     matrix onto the manifold (``precision``: the msign precision, ``kind``: the DGram
-    retraction); ``init`` replaces the retraction at initialization (``None``: the
+    retraction, ``polar``: its solve); ``init`` replaces the retraction at initialization (``None``: the
     retraction); ``cosine_residual``: the constraint residual is taken on the Gram
     normalized to cosines; ``tangent_dim(m, n)`` for a tall ``m x n`` weight."""
 
     project: Callable[[torch.Tensor], torch.Tensor]
     project_: Callable[[torch.Tensor], torch.Tensor]
     target: Callable[..., torch.Tensor]
-    retract: Callable[[torch.Tensor, str, str], torch.Tensor]
+    retract: Callable[[torch.Tensor, str, str, str], torch.Tensor]
     init: Callable[[torch.Tensor], torch.Tensor] | None
     cosine_residual: bool
     tangent_dim: Callable[[int, int], int]
@@ -253,10 +297,12 @@ assert tuple(_SPECS) == MANIFOLDS
 
 @dataclass(frozen=True)
 class Manifold:
-    """One Gram-space manifold; ``retraction`` only matters for DGram."""
+    """One Gram-space manifold; ``retraction`` and ``polar`` (how its inverse square root is solved)
+    only matter for DGram."""
 
     name: str
     retraction: str = "paper"
+    polar: str = "eigh"
 
     def __post_init__(self):
         if self.name not in MANIFOLDS:
@@ -265,6 +311,8 @@ class Manifold:
             raise ValueError(
                 f"unknown DGram retraction {self.retraction!r}; choose one of {', '.join(DGRAM_RETRACTIONS)}"
             )
+        if self.polar not in POLARS:
+            raise ValueError(f"unknown DGram polar solve {self.polar!r}; choose one of {', '.join(POLARS)}")
 
     @property
     def _spec(self) -> _Spec:
@@ -287,7 +335,7 @@ class Manifold:
         """Map a matrix (tall or wide, batched) onto the manifold. ``precision`` is
         the msign precision of the Stiefel retraction (the released code's is
         msign, i.e. bfloat16; see :mod:`mwm.optim.msign`); the others are float32."""
-        return _tall_map(lambda T: self._spec.retract(T, precision, self.retraction), W)
+        return _tall_map(lambda T: self._spec.retract(T, precision, self.retraction, self.polar), W)
 
     def init(self, W: torch.Tensor) -> torch.Tensor:
         """Put an initial weight on the manifold: the retraction, except for Stiefel,
@@ -319,6 +367,6 @@ class Manifold:
         return self._spec.tangent_dim(max(m, n), min(m, n))
 
 
-def get_manifold(name: str, retraction: str = "paper") -> Manifold:
-    """Look a manifold up by name (``stiefel``, ``dgram``, ``oblique``)."""
-    return Manifold(name, retraction)
+def get_manifold(name: str, retraction: str = "paper", polar: str | None = None) -> Manifold:
+    """Look a manifold up by name (``stiefel``, ``dgram``, ``oblique``); ``polar`` None is ``eigh``."""
+    return Manifold(name, retraction, polar or "eigh")

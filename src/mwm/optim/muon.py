@@ -48,12 +48,18 @@ import torch
 from mwm.optim.manifolds import DGRAM_RETRACTIONS, MANIFOLDS, cap_column_norms, get_manifold, to_tall
 from mwm.optim.msign import msign
 from mwm.optim.solvers import SolverSettings, solve
-from mwm.optim.vocab import PAPER_TRAIN
+from mwm.optim.vocab import PAPER_TRAIN, POLARS
 
 __all__ = ["ManifoldMuon", "MUON_MANIFOLDS", "momentum_direction", "muon_update"]
 
 #: What a Muon parameter group may ask for: plain Muon or one of the manifolds.
 MUON_MANIFOLDS = ("none",) + MANIFOLDS
+
+
+def _polar(group: dict) -> str:
+    """A group's DGram polar solve; ``eigh`` where the group predates the key (an older checkpoint's
+    param groups replace the new ones on load)."""
+    return group.get("dgram_polar") or "eigh"
 
 
 class ManifoldMuon(torch.optim.Optimizer):
@@ -72,6 +78,7 @@ class ManifoldMuon(torch.optim.Optimizer):
         nesterov: bool = True,
         weight_decay: float = 0.0,
         dgram_retraction: str | None = None,
+        dgram_polar: str | None = None,
         manifold: str = "none",
         init_on_manifold: bool = True,
         solver: SolverSettings | None = None,
@@ -89,7 +96,8 @@ class ManifoldMuon(torch.optim.Optimizer):
             raise TypeError(f"ManifoldMuon's solver is a SolverSettings, got {type(solver).__name__}")
         defaults = dict(
             lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
-            dgram_retraction=dgram_retraction, manifold=manifold, names=None, **solver.group(),
+            dgram_retraction=dgram_retraction, dgram_polar=dgram_polar or "eigh", manifold=manifold, names=None,
+            **solver.group(),
         )
         super().__init__(params, defaults)
         self._rank, self._world = 0, 1
@@ -104,6 +112,9 @@ class ManifoldMuon(torch.optim.Optimizer):
                     f"param group {gi}: unknown dgram_retraction {group['dgram_retraction']!r}; "
                     f"choose one of {', '.join(DGRAM_RETRACTIONS)}"
                 )
+            if _polar(group) not in POLARS:
+                raise ValueError(f"param group {gi}: unknown dgram_polar {group['dgram_polar']!r}; "
+                                 f"choose one of {', '.join(POLARS)}")
             try:
                 SolverSettings.of_group(group)
             except ValueError as exc:
@@ -130,7 +141,7 @@ class ManifoldMuon(torch.optim.Optimizer):
         for group in self.param_groups:
             if group["manifold"] == "none":
                 continue
-            mf = get_manifold(group["manifold"], group["dgram_retraction"])
+            mf = get_manifold(group["manifold"], group["dgram_retraction"], _polar(group))
             for params in _banks(group["params"], pad=False).values():
                 W = torch.stack([_tall(_work(p)) for p in params])
                 for p, w in zip(params, mf.init(W)):
@@ -347,12 +358,12 @@ def muon_update(W: torch.Tensor, U: torch.Tensor, group: dict, manifolds: list[s
         check(pre, "weight before the retraction")
     prec = settings.precision
     if len(kinds) == 1:
-        W = get_manifold(kinds[0], group["dgram_retraction"]).retract(pre, precision=prec)
+        W = get_manifold(kinds[0], group["dgram_retraction"], _polar(group)).retract(pre, precision=prec)
     else:
         W = torch.empty_like(pre)
         for name in kinds:
             idx = _index_of(tuple(manifolds), name, pre.device)
-            W[idx] = get_manifold(name, group["dgram_retraction"]).retract(pre[idx], precision=prec)
+            W[idx] = get_manifold(name, group["dgram_retraction"], _polar(group)).retract(pre[idx], precision=prec)
     cap = group.get("sigma_cap")
     if cap is not None:  # a group of DGram attention or MLP weights under an intervention's cap (mwm.plan.variants)
         W = cap_column_norms(W, cap)

@@ -18,6 +18,7 @@ __all__ = [
     "ADAMW",
     "NAMED_ASSIGNMENTS",
     "RETRACTIONS",
+    "POLARS",
     "SOLVERS",
     "PRECISIONS",
     "MSIGN_STEPS",
@@ -48,6 +49,10 @@ NAMED_ASSIGNMENTS: dict[str, tuple[str, str] | None] = {
 
 #: DGram retractions: the paper's, and the column-norm one of the ablation.
 RETRACTIONS = ("paper", "colnorm")
+#: How a DGram retraction forms its inverse square root of the Gram (:mod:`mwm.optim.manifolds`): one
+#: float64 ``eigh`` per matrix (the default), or ``eigvalsh`` per matrix for the values and a batched
+#: float64 Newton-Schulz iteration for the rest (matmuls only, one call per bank).
+POLARS = ("eigh", "newton-schulz")
 #: Manifold Muon's inner solvers (:mod:`mwm.optim.solvers`): the paper's dual ascent, and ADMM.
 SOLVERS = ("dual_ascent", "admm")
 #: msign precisions (:mod:`mwm.optim.msign`): ``float32``, and ``bfloat16`` as the released code runs it.
