@@ -1,21 +1,20 @@
-"""Benchmark: is there a batched DGram retraction that beats today's per-matrix float64 eigh?
+"""Benchmark: the DGram retraction's two polar solves (``train.dgram_polar``) on one machine.
 
 The paper's DGram retraction is the released code's ``(U V^T) diag(S)``: the polar factor scaled by the
-sorted singular values. Today it is formed from one float64 eigh of the n x n Gram per matrix
-(``mwm.optim.manifolds``), which on a GPU is one cuSOLVER call per matrix at n = 768 (its batched
-symmetric eigensolver stops at n = 32). Any other form still needs the sorted singular values, so it
-keeps a per-matrix eigenvalue solve; what it can batch is the polar factor. This compares, on GPT-2
-small's DGram shapes and in one process (ratios, not seconds):
+sorted singular values. This code forms it from the float64 Gram of each weight (``mwm.optim.manifolds``),
+with its inverse square root by one of two solves:
 
-- ``eigh``: today's retraction;
-- ``eigvalsh``: the values alone, the per-matrix part that any alternative keeps (its floor);
-- ``eigvalsh+NS``: the values, then the polar factor by batched float64 Newton-Schulz from W / sigma_max,
-  iterated until it matches today's accuracy (the orthogonality of the polar factor to ``--tol``).
+- ``eigh``: one eigendecomposition per matrix (the default; on a GPU one cuSOLVER call per matrix at
+  n = 768, as its batched symmetric eigensolver stops at n = 32);
+- ``eigvalsh``: the values alone, the per-matrix part that the other solve keeps (its floor);
+- ``newton-schulz``: the values, then the coupled Newton-Schulz iteration in float64 on the whole bank,
+  for as many steps as the bank's worst-conditioned matrix needs (the ``NS steps`` column).
 
-Weights: a DGram matrix whose column norms spread ``kappa`` (1, 10, 100: the paper's failing runs reach
-about 100 in attention) after a step of size 0.02.
+On GPT-2 small's DGram shapes and in one process (ratios, not seconds). Weights: a DGram matrix whose
+column norms spread ``kappa`` (1, 10, 100: the paper's failing runs reach about 100 in attention) after a
+step of size 0.02. On a GPU, ``benchmarks/bench_gpu.py``'s retraction row compares the same solves.
 
-    python benchmarks/bench_retraction.py [--bank 2] [--repeats 3] [--tol 1e-12] [--shape M N]
+    python benchmarks/bench_retraction.py [--bank 2] [--repeats 3] [--shape M N]
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ import time
 
 import torch
 
-from mwm.optim.manifolds import get_manifold, retract_dgram_svd
+from mwm.optim.manifolds import get_manifold, newton_schulz_steps, retract_dgram_svd
 
 # tall (m, n) forms of one GPT-2 small block's matrices
 SHAPES = {"attn.c_attn": (2304, 768), "attn.c_proj": (768, 768), "mlp.c_fc": (3072, 768), "mlp.c_proj": (3072, 768)}
@@ -45,32 +44,22 @@ def sorted_sigma(X: torch.Tensor) -> torch.Tensor:
     return torch.linalg.eigvalsh(X.mT @ X).clamp_min(0).sqrt().flip(-1)
 
 
-def newton_schulz_polar(X: torch.Tensor, sigma: torch.Tensor, tol: float, max_steps: int = 200):
-    """The polar factor of a batch of tall float64 ``X`` by X <- 1.5 X - 0.5 X X^T X from X / sigma_max
-    (the exact largest singular value, from ``sigma``), until ``max |X^T X - I| < tol``; and the steps."""
-    Y = X / sigma[..., :1].unsqueeze(-1)
-    eye = torch.eye(X.shape[-1], dtype=X.dtype)
-    for step in range(1, max_steps + 1):
-        G = Y.mT @ Y
-        if float((G - eye).abs().amax()) < tol:
-            return Y, step - 1
-        Y = 1.5 * Y - 0.5 * (Y @ G)
-    return Y, max_steps
-
-
-def candidates(tol: float):
-    def eigh(X):
-        return get_manifold("dgram", "paper").retract(X), 0
+def candidates():
+    """``{name: X -> (output, Newton-Schulz steps)}``: the two solves and the eigenvalue floor."""
+    def solve(polar):
+        def f(X):
+            return get_manifold("dgram", "paper", polar).retract(X), 0
+        return f
 
     def values(X):
         return sorted_sigma(X), 0
 
     def ns(X):
         sigma = sorted_sigma(X)
-        P, steps = newton_schulz_polar(X, sigma, tol)
-        return P * sigma.unsqueeze(-2), steps
+        steps = newton_schulz_steps(float((sigma[..., -1] / sigma[..., 0]).amin()) ** 2)
+        return get_manifold("dgram", "paper", "newton-schulz").retract(X), steps
 
-    return {"eigh": eigh, "eigvalsh": values, "eigvalsh+NS": ns}
+    return {"eigh": solve("eigh"), "eigvalsh": values, "newton-schulz": ns}
 
 
 def trained_bank(bank: int, shape: tuple[int, int], g: torch.Generator, eta: float = 0.02) -> torch.Tensor:
@@ -105,16 +94,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bank", type=int, default=2, help="matrices per shape")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--tol", type=float, default=1e-12, help="Newton-Schulz stops at this orthogonality")
     ap.add_argument("--kappas", type=float, nargs="+", default=[1.0, 10.0, 100.0])
     ap.add_argument("--shape", type=int, nargs=2, metavar=("M", "N"), help="one tall shape instead of GPT-2's")
     args = ap.parse_args(argv)
     shapes = {"shape": tuple(args.shape)} if args.shape else SHAPES
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
-    fns = candidates(args.tol)
-    print(f"threads {torch.get_num_threads()}, bank {args.bank} per shape, tol {args.tol:g}; times relative to eigh")
-    print(f"{'kappa':>6} {'shape':<13} {'eigh s':>8} {'eigvalsh':>9} {'eigvalsh+NS':>12} {'NS steps':>9} "
+    fns = candidates()
+    print(f"threads {torch.get_num_threads()}, bank {args.bank} per shape; times relative to eigh")
+    print(f"{'kappa':>6} {'shape':<13} {'eigh s':>8} {'eigvalsh':>9} {'newton-schulz':>14} {'NS steps':>9} "
           f"{'eigh err':>9} {'NS err':>9}")
     for kappa in args.kappas:
         tot = dict.fromkeys(fns, 0.0)
@@ -124,13 +112,13 @@ def main(argv=None) -> int:
             res = {k: timed(f, X, args.repeats) for k, f in fns.items()}
             for k in fns:
                 tot[k] += res[k][0]
-            err = {k: worst_error(res[k][1][0], ref) for k in ("eigh", "eigvalsh+NS")}
+            err = {k: worst_error(res[k][1][0], ref) for k in ("eigh", "newton-schulz")}
             t0 = res["eigh"][0]
             print(f"{kappa:>6g} {str(shape):<13} {t0:>8.3f} {res['eigvalsh'][0] / t0:>9.2f} "
-                  f"{res['eigvalsh+NS'][0] / t0:>12.2f} {res['eigvalsh+NS'][1][1]:>9d} {err['eigh']:>9.1e} "
-                  f"{err['eigvalsh+NS']:>9.1e}")
+                  f"{res['newton-schulz'][0] / t0:>14.2f} {res['newton-schulz'][1][1]:>9d} {err['eigh']:>9.1e} "
+                  f"{err['newton-schulz']:>9.1e}")
         print(f"{kappa:>6g} {'block total':<13} {tot['eigh']:>8.3f} {tot['eigvalsh'] / tot['eigh']:>9.2f} "
-              f"{tot['eigvalsh+NS'] / tot['eigh']:>12.2f}")
+              f"{tot['newton-schulz'] / tot['eigh']:>14.2f}")
     return 0
 
 

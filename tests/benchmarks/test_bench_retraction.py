@@ -1,4 +1,4 @@
-"""benchmarks/bench_retraction.py at a small shape: every candidate forms the same retraction as the
+"""benchmarks/bench_retraction.py at a small shape: both polar solves form the same retraction as the
 SVD reference, and Newton-Schulz needs more steps as the column norms spread."""
 
 import torch
@@ -16,15 +16,15 @@ def test_the_weights_spread_their_column_norms_by_kappa():
 
 def test_the_newton_schulz_form_matches_the_svd_and_slows_with_kappa():
     bench = load_benchmark("bench_retraction")
-    fns = bench.candidates(1e-12)
+    fns = bench.candidates()
     steps = []
     for kappa in (1.0, 100.0):
         X = bench.dgram_weight(2, (40, 12), kappa, torch.Generator().manual_seed(2))
         ref = retract_dgram_svd(X)
-        for name in ("eigh", "eigvalsh+NS"):
+        for name in ("eigh", "newton-schulz"):
             out, n = fns[name](X)
             assert torch.allclose(out, ref, atol=1e-9 * float(ref.abs().amax())), (name, kappa)
-        steps.append(fns["eigvalsh+NS"](X)[1])
+        steps.append(fns["newton-schulz"](X)[1])
         sigma = fns["eigvalsh"](X)[0]
         assert torch.allclose(sigma, torch.linalg.svdvals(X), rtol=1e-9)  # sorted descending, like svdvals
     assert steps[1] > steps[0]
