@@ -1,9 +1,14 @@
 """GPU check: the paper's model and batch, bf16, every assignment, in a few minutes.
 
-For when a GPU is lent (``scripts/gpu_check.sh`` runs it). On one device, through the
+For when a GPU is lent (``scripts/gpu_check.sh`` runs it). First, with no model, the DGram
+retraction of the model's banks (``n_layer`` matrices of each hidden shape) in each form: the
+released float32 SVD, and this code's with each polar solve (``train.dgram_polar``: ``eigh``,
+the default, and the batched ``newton-schulz``), timed, with each one's error against a float64
+SVD and which solve is the faster at the default's accuracy. Then, on one device, through the
 package's own training step (``mwm.train.loop.Run.train_step`` on random token ids, nothing
-read from disk but the config), for each assignment: ``--warmup`` untimed steps, then
-up to ``--steps`` timed ones. Printed per assignment:
+read from disk but the config), one row per assignment, in the order of :data:`ASSIGNMENTS`
+(by value: dgram and hetero first, none last but never cut): ``--warmup`` untimed steps, then
+up to ``--steps`` timed ones. Printed per row:
 
 - ms per step and its ratio to ``none`` (measured in the same process) beside the
   paper's H100 figures (Stiefel 5.8x, hetero 8.3x, DGram 13.6x) and this project's
@@ -14,7 +19,10 @@ up to ``--steps`` timed ones. Printed per assignment:
   the solver's iterations (:func:`optimizer_flops`), and the TFLOP/s they achieve in
   the optimizer's time, against the GPU's bf16 dense peak;
 - the agreement of one Manifold Muon update with msign in bfloat16 (the released
-  precision: native on a GPU, emulated on CPU) against the float32 control.
+  precision: native on a GPU, emulated on CPU) against the float32 control;
+- with ``train.compile``: the compiled forward's loss against eager on the row's own model
+  before its first step (:data:`COMPILE_TOL`; a disagreement fails the bench), and the compile's
+  seconds (cold in the first row; dynamo is reset between rows, so none recompiles past its limit).
 
 The rows: the five assignments and ``hetero-admm``, hetero with the ADMM inner solver
 at the settings the solver study chose for GPT-2 small's shapes (:data:`ADMM_ROW`).
@@ -31,8 +39,9 @@ tiny CPU run: ``--device cpu --layers 2 --embd 64 ... --no-compile``). A step th
 runs out of GPU memory (PyTorch's OutOfMemoryError, or a cuBLAS/cuSOLVER allocation
 failure) halves the micro-batch and doubles gradient accumulation (the same tokens
 per step) and starts that assignment again. ``--budget-s`` (default 420) caps the
-whole run: each assignment's timed steps are cut to its share of what is left. With
-``--json`` the results are written after every assignment, so a time-out keeps what
+whole run (:func:`plan_next`, :func:`row_budget`): a row starts only when it and ``none`` fit,
+a row takes its steps from what is left less ``none``'s share, and the rows cut are named with
+the reason. With ``--json`` the results are written after every row, so a time-out keeps what
 was measured.
 
     python benchmarks/bench_gpu.py --json out.json             # on a GPU node, ~5-7 min
@@ -55,7 +64,21 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-ASSIGNMENTS = ["none", "stiefel", "dgram", "hetero", "hetero-inv", "hetero-admm"]
+#: The rows in the order they run: by what they are for. DGram and hetero carry the paper's overhead
+#: claims (13.6x, 8.3x) and this project's goal; ``none`` is every ratio's base, so it runs last but
+#: is never cut (:func:`plan_next`): a row starts only when it and ``none`` both fit in what is left.
+ASSIGNMENTS = ["dgram", "hetero", "hetero-admm", "stiefel", "hetero-inv", "none"]
+#: A warm compile (the inductor's caches filled by the first compiled row) is taken as this share of
+#: the cold one until a second row has measured its own: a scheduling guess, not a result.
+WARM_COMPILE_SHARE = 0.25
+#: The share of the budget kept for ``none`` before a row has measured a fixed cost: a warm compile
+#: and its cheap steps (a guess for the first row only, then :func:`next_fixed` replaces it).
+NONE_RESERVE = 0.1
+#: The retraction row's share of the budget (it runs first, on banks, with no model).
+RETRACTION_SHARE = 0.12
+#: compiled against eager forward loss on the row's own model before training (relative): bfloat16
+#: autocast's kernels differ in their roundings, float32's barely
+COMPILE_TOL = {"bfloat16": 1e-2, "float32": 1e-4}
 #: The ADMM row: hetero with ADMM at what the solver study chose at GPT-2 small's shapes
 #: (config/widths.yaml; its table_solvers: 2 iterations, rho 2, warm start matched the
 #: paper's e_W for Stiefel at 0.20x the cost).
@@ -211,6 +234,15 @@ def _peak_memory_gib(device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
 
 
+def _reset_compiler() -> None:
+    """Forget the compiled graphs of a row (each row compiles its own model): without it, rows
+    pile up recompiles on the one forward code object until dynamo's limit (8) makes the rest run
+    eager, silently. The on-disk caches stay, so a later row's compile is warm."""
+    import torch
+
+    torch._dynamo.reset()
+
+
 def _free() -> None:
     import torch
 
@@ -284,6 +316,21 @@ def spectral_device32(run) -> dict:
     return {"spectral_device32_s": t2 - t1, "spectral_matrices": len(mats)}
 
 
+def compile_agreement(run, cfg) -> dict:
+    """The compiled and the eager forward's loss on one batch of ``run``'s model at its initial
+    weights, under the run's autocast, and whether they agree within :data:`COMPILE_TOL`."""
+    import torch
+
+    x, y = run.batches.samplers["val"].batch(run.batches.ix["val"][0], run.device)
+    with run.autocast:
+        lc = run.fwd(x, y)[1].detach().double().item()  # with grad, as a step compiles it
+        with torch.no_grad():
+            le = run.model(x, y)[1].double().item()
+    tol = COMPILE_TOL[cfg["train"]["dtype"]]
+    rel = abs(lc - le) / max(abs(le), 1e-12)
+    return {"compiled": lc, "eager": le, "rel_diff": rel, "tol": tol, "ok": bool(rel <= tol)}
+
+
 def measure(args, name: str, batch: int, accum: int, budget_s: float, out: Path, exercise: bool) -> dict:
     """One row: a Run of ``name``'s assignment, warm-up, timed steps, syncs, agreement."""
     import torch
@@ -299,6 +346,11 @@ def measure(args, name: str, batch: int, accum: int, budget_s: float, out: Path,
     run = T.Run(cfg, assignment, 0, cfg["train"]["dgram_retraction"], out / name)
     run.open_logs(0)
     setup_s = time.perf_counter() - t_start  # model, optimizers, the manifold init: outside any step
+    # the compiled forward against eager on this model, before any step (the compile is the one the
+    # steps use: the same shapes, with grad); the tier's own compile test is left to a second call
+    t_compile = time.perf_counter()
+    compiled = compile_agreement(run, cfg) if cfg["train"]["compile"] else None
+    t_compile = time.perf_counter() - t_compile  # the forward's compile; the backward's is in step 1
     # from step 1: step 0 counts as "after an evaluation" and measures every solve against a converged one
     # (solver.csv), a fixed cost outside the budget that is no part of a training step
     run.step = 1
@@ -306,6 +358,9 @@ def measure(args, name: str, batch: int, accum: int, budget_s: float, out: Path,
         run.train_step()
         run.step += 1
     est = statistics.median(run.step_times[1:] or run.step_times)
+    # the compile: the agreement's forward, and the first step's excess over the others (the
+    # backward's compile and first-call allocations)
+    compile_s = (t_compile + max(0.0, run.step_times[0] - est)) if len(run.step_times) > 1 else None
     left = budget_s - (time.perf_counter() - t_start) - 3 * est  # syncs, capture, agreement
     steps = max(1, min(args.steps, int(left / est))) if left > 0 else 1
     n0 = len(run.step_times)
@@ -332,7 +387,8 @@ def measure(args, name: str, batch: int, accum: int, budget_s: float, out: Path,
            "peak_gib": peak, "syncs_per_step": syncs.count, "syncs_kind": syncs.kind,
            "optimizer_gflop_per_step": flops / 1e9,
            "optimizer_tflops": flops / (ms * opt_share / 1e3) / 1e12 if flops and opt_share > 0 else None,
-           "agreement": agree, "device": str(run.device), "dtype": cfg["train"]["dtype"], "setup_s": setup_s}
+           "agreement": agree, "device": str(run.device), "dtype": cfg["train"]["dtype"], "setup_s": setup_s,
+           "compile_s": compile_s, "compiled_vs_eager": compiled}
     if exercise:
         res["exercise"] = exercise_run_paths(run, cfg, out / name)
     res["wall_s"] = time.perf_counter() - t_start
@@ -364,6 +420,7 @@ def bench_assignment(args, name: str, budget_s: float, out: Path, exercise: bool
                 batch, accum = batch // 2, accum * 2
             finally:
                 _free()  # the run (model, optimizer state, activations) is gone before the next
+                _reset_compiler()
     finally:
         T.resolve_data = resolve
 
@@ -419,30 +476,39 @@ def row_line(r: dict, base: float | None, peak: float | None) -> str:
             f"{100 * tf / peak if tf is not None and peak else float('nan'):>8.1f}  {agtxt}")
 
 
-#: Matrices per shape in the retraction row: enough to time a batched call, few enough that the
-#: row's float64 reference SVDs stay seconds, not minutes, at GPT-2 small shapes.
-RETRACTION_BANK = 2
+#: Matrices of each bank checked against the float64 SVD reference in the retraction row: enough to
+#: see the error, few enough that the reference SVDs stay seconds at GPT-2 small's shapes.
+RETRACTION_CHECKED = 2
+
+
+def retraction_forms() -> dict:
+    """The DGram retractions the row times: the released code's float32 SVD, and this code's paper
+    form with each of its polar solves (``train.dgram_polar``)."""
+    from mwm.optim.manifolds import POLARS, get_manifold, retract_dgram_svd
+
+    return {"released-svd": retract_dgram_svd,
+            **{polar: get_manifold("dgram", "paper", polar).retract for polar in POLARS}}
 
 
 def retraction_row(args, cfg: dict, deadline: float = math.inf) -> dict:
-    """The DGram retraction of small banks (``RETRACTION_BANK`` matrices of each hidden shape,
-    batched as the optimizer stacks them; per matrix is what scales to its ``n_layer``) on the
-    device: this code's paper form against the released code's float32 SVD form, timed (median of
-    3 after one untimed call), and each one's worst relative error against the same form by a
-    float64 SVD. ``W - eta A`` on the manifold, as training makes it. Shapes stop starting at
-    ``deadline`` (a ``time.perf_counter`` value); those done are listed in ``shapes``."""
+    """The DGram retraction of the model's banks (``n_layer`` matrices of each hidden shape, batched
+    as the optimizer stacks them) on the device, in each form of :func:`retraction_forms`: timed
+    (median of 3 after one untimed call), and each one's worst relative error on the first
+    ``RETRACTION_CHECKED`` matrices against the float64 SVD of the released form. ``W - eta A`` on the
+    manifold, as training makes it. Shapes stop starting at ``deadline`` (a ``time.perf_counter``
+    value); those done are listed in ``shapes``, the others in ``cut``."""
     import torch
 
     from bench_retraction import timed, trained_bank, worst_error
-    from mwm.optim.manifolds import get_manifold, retract_dgram_svd
+    from mwm.optim.manifolds import retract_dgram_svd
 
     dev = torch.device(args.device)
     from mwm.train.model import SIZES
 
     m = SIZES[cfg["model"]["size"]] if cfg["model"]["size"] else cfg["model"]
-    e, layers = m["n_embd"], min(m["n_layer"], RETRACTION_BANK)
+    e, layers = m["n_embd"], m["n_layer"]
     g = torch.Generator().manual_seed(7)
-    forms = {"released": retract_dgram_svd, "paper": get_manifold("dgram", "paper").retract}
+    forms = retraction_forms()
     out = {"bank": layers, "shapes": [], "s": dict.fromkeys(forms, 0.0), "err": dict.fromkeys(forms, 0.0)}
     shapes = ((3 * e, e), (e, e), (4 * e, e), (e, 4 * e))
     out["cut"] = [list(sh) for sh in shapes]
@@ -450,14 +516,32 @@ def retraction_row(args, cfg: dict, deadline: float = math.inf) -> dict:
         if time.perf_counter() >= deadline:
             break
         X = trained_bank(layers, shape, g).to(dev)
-        ref = retract_dgram_svd(X.double())
+        k = min(layers, RETRACTION_CHECKED)
+        ref = retract_dgram_svd(X[:k].double())
         for name, f in forms.items():
             seconds, Y = timed(f, X, 3, lambda: _sync(dev))
             out["s"][name] += seconds
-            out["err"][name] = max(out["err"][name], worst_error(Y, ref))
+            out["err"][name] = max(out["err"][name], worst_error(Y[:k], ref))
         out["shapes"].append(list(shape))
         out["cut"].pop(0)
+    out["choice"] = polar_choice(out)
     return out
+
+
+#: float32's unit roundoff: a form meets the default's accuracy when its worst error is within one
+#: float32 place of the default's
+_F32_PLACE = 2.0 ** -24
+
+
+def polar_choice(rr: dict) -> dict | None:
+    """Which polar solve the measured shapes favour: the faster of ``eigh`` and ``newton-schulz``
+    among those within one float32 place of ``eigh``'s worst error (None when no shape was timed)."""
+    if not rr["shapes"]:
+        return None
+    s, err = rr["s"], rr["err"]
+    meets = {p: err[p] <= err["eigh"] + _F32_PLACE for p in ("eigh", "newton-schulz")}
+    best = min((p for p in meets if meets[p]), key=lambda p: s[p])
+    return {"polar": best, "speedup": s["eigh"] / s[best], "meets": meets}
 
 
 def retraction_line(rr: dict) -> str:
@@ -465,10 +549,13 @@ def retraction_line(rr: dict) -> str:
     cut = f"; cut by the budget: {rr['cut']}" if rr.get("cut") else ""
     if not rr["shapes"]:
         return f"DGram retraction: no shape timed{cut}"
-    return (f"DGram retraction of {rr['bank']}-matrix banks {rr['shapes']}: released float32 SVD "
-            f"{1e3 * s['released']:.1f} ms (worst error {err['released']:.1e} against a float64 SVD), this code "
-            f"{1e3 * s['paper']:.1f} ms ({err['paper']:.1e}): {s['released'] / s['paper']:.2f}x the released speed, "
-            f"{1e3 * s['paper'] / rr['bank']:.1f} ms per matrix of each shape{cut}")
+    per = ", ".join(f"{name} {1e3 * s[name]:.1f} ms ({err[name]:.1e})" for name in s)
+    ch = rr["choice"]
+    verdict = (f"faster at the default's accuracy: {ch['polar']}, {ch['speedup']:.2f}x eigh's speed"
+               + (" (train.dgram_polar: newton-schulz would take it)" if ch["polar"] == "newton-schulz" else
+                  " (the default stays)"))
+    return (f"DGram retraction of {rr['bank']}-matrix banks {rr['shapes']}, the step's seconds (worst error "
+            f"against a float64 SVD): {per}; {verdict}{cut}")
 
 
 def table(results: list[dict], st: dict) -> str:
@@ -489,8 +576,20 @@ def table(results: list[dict], st: dict) -> str:
     lines += [row_line(r, base, peak) for r in results]
     lines.append("outside the timed steps, per row: build + manifold init / whole row: "
                  + ", ".join(f"{r['assignment']} {r['setup_s']:.1f} / {r['wall_s']:.0f} s" for r in results))
+    comp = [r for r in results if r["compile_s"] is not None]
+    if comp:
+        lines.append("first step's excess (the compile, cold in the first row): "
+                     + ", ".join(f"{r['assignment']} {r['compile_s']:.1f} s" for r in comp))
+    agree = [r for r in results if r["compiled_vs_eager"]]
+    if agree:
+        lines.append("compiled vs eager forward loss at init (rel. diff, tol "
+                     f"{agree[0]['compiled_vs_eager']['tol']:g}): "
+                     + ", ".join(f"{r['assignment']} {r['compiled_vs_eager']['rel_diff']:.1e}"
+                                 + ("" if r["compiled_vs_eager"]["ok"] else " FAILED") for r in agree))
     if st.get("cut"):
-        lines.append(f"cut by --budget-s before they started: {' '.join(st['cut'])}")
+        lines.append(f"cut by --budget-s before they started: {' '.join(st['cut'])} ({st['cut_why']})")
+    if base is None:
+        lines.append("no ratios: the none row did not run")
     for r in results:
         ex = r.get("exercise")
         if ex:
@@ -542,6 +641,50 @@ def parse(argv=None):
     return args
 
 
+def fixed_cost(r: dict) -> float:
+    """What a row spent outside its timed steps: build, compile, warm-up, checks."""
+    return r["wall_s"] - r["timed_steps"] * r["ms_per_step"] / 1e3
+
+
+def next_fixed(results: list[dict]) -> float:
+    """The fixed cost to expect of the next row: the largest a warm row (one after the first) has
+    spent; before there is one, the first row's less the cold part of its compile."""
+    if len(results) > 1:
+        return max(fixed_cost(r) for r in results[1:])
+    if results:
+        r = results[0]
+        return fixed_cost(r) - (1 - WARM_COMPILE_SHARE) * (r["compile_s"] or 0.0)
+    return 0.0
+
+
+def plan_next(rows: list[str], results: list[dict], left: float) -> tuple[str | None, list[str], str]:
+    """The row to run next out of ``rows`` (those not yet run, in order), the rows this cuts, and why:
+    the first row always starts; ``none`` (the base of every ratio) starts whenever it is next or
+    nothing else fits; any other row only when it and ``none`` both fit in ``left`` seconds."""
+    if not rows:
+        return None, [], ""
+    est = next_fixed(results)
+    keep_none = "none" in rows[1:]
+    need = est * (2 if keep_none else 1)
+    if not results or left >= need:
+        return rows[0], [], ""
+    why = (f"{left:.0f} s left, a row's fixed cost about {est:.0f} s"
+           + (" and none's kept for the ratios" if keep_none else ""))
+    if keep_none and left >= est:
+        return "none", [r for r in rows if r != "none"], why
+    return None, list(rows), why
+
+
+def row_budget(after: list[str], results: list[dict], left: float, budget: float) -> float:
+    """The seconds a row may take (its fixed part and its timed steps, up to ``--steps``): all that
+    is left, less what ``none`` needs when it is still to run (``after``): a row's fixed cost, and at
+    least :data:`NONE_RESERVE` of the budget before any row has measured one. Rows run by value, so
+    an earlier row takes its steps and a later one is cut, not the other way round."""
+    if "none" not in after:
+        return left
+    return max(0.0, left - max(next_fixed(results), NONE_RESERVE * budget))
+
+
 def run(args) -> tuple[dict, list[dict]]:
     import tempfile
 
@@ -556,39 +699,51 @@ def run(args) -> tuple[dict, list[dict]]:
     st = settings(args)
     t0 = time.perf_counter()
     results: list[dict] = []
+
+    def save():
+        if args.json:
+            atomic_write_json(Path(args.json), {"settings": st, "results": results})
+
+    st["cut"], st["cut_why"] = [], ""
+    if args.retraction:  # first: it needs no model, and it is the cost DGram's rows are mostly made of
+        st["retraction"] = retraction_row(args, make_config(args, 1, 1), t0 + RETRACTION_SHARE * args.budget_s)
+        print(retraction_line(st["retraction"]), flush=True)
+        save()
     with tempfile.TemporaryDirectory(prefix="bench_gpu-") as tmp:
         out = Path(args.out) if args.out else Path(tmp)
-        fixed = 0.0  # the most a row has spent outside its timed steps (build, compile, checks)
-        st["cut"] = []
-        for i, name in enumerate(args.assignments):
+        rows = list(args.assignments)
+        while rows:
             left = args.budget_s - (time.perf_counter() - t0)
-            if results and left < fixed:
-                st["cut"] = args.assignments[i:]  # no row starts that could not finish its fixed part
-                print(f"cut by --budget-s ({left:.0f} s left, a row's fixed cost {fixed:.0f} s): "
-                      f"{' '.join(st['cut'])}", flush=True)
+            name, cut, why = plan_next(rows, results, left)
+            if cut:
+                st["cut"] += cut
+                st["cut_why"] = why
+                print(f"cut by --budget-s ({why}): {' '.join(cut)}", flush=True)
+            if name is None:
                 break
-            r = bench_assignment(args, name, left / (len(args.assignments) - i), out, exercise=name == args.exercise)
-            fixed = max(fixed, r["wall_s"] - r["timed_steps"] * r["ms_per_step"] / 1e3)
+            rows = [r for r in rows if r != name and r not in cut]
+            r = bench_assignment(args, name, row_budget(rows, results, left, args.budget_s), out,
+                                 exercise=name == args.exercise)
             results.append(r)
             base = next((x["ms_per_step"] for x in results if x["assignment"] == "none"), None)
             # the table's line at once, so a run cut by its time limit still shows every finished row
             print(f"{row_line(r, base, st['bf16_peak_tflops'])}   [{r['wall_s']:.0f} s]", flush=True)
-            if args.json:
-                atomic_write_json(Path(args.json), {"settings": st, "results": results})
-        if args.retraction:
-            st["retraction"] = retraction_row(args, make_config(args, 1, 1), t0 + args.budget_s)
-            print(retraction_line(st["retraction"]), flush=True)
-            if args.json:
-                atomic_write_json(Path(args.json), {"settings": st, "results": results})
+            save()
+    save()  # with the rows cut, if any
     return st, results
 
 
 def main(argv=None) -> int:
     args = parse(argv)
     st, results = run(args)
-    print(table(results, st))
+    if results:
+        print(table(results, st))
     if "retraction" in st:
         print(retraction_line(st["retraction"]))
+    bad = [r["assignment"] for r in results if r["compiled_vs_eager"] and not r["compiled_vs_eager"]["ok"]]
+    if bad:
+        print(f"FAILED: the compiled forward disagrees with eager beyond {COMPILE_TOL} in {' '.join(bad)}")
+        return 1
     return 0
 
 
