@@ -578,7 +578,7 @@ def table(results: list[dict], st: dict) -> str:
                  + ", ".join(f"{r['assignment']} {r['setup_s']:.1f} / {r['wall_s']:.0f} s" for r in results))
     comp = [r for r in results if r["compile_s"] is not None]
     if comp:
-        lines.append("first step's excess (the compile, cold in the first row): "
+        lines.append("compile (the agreement's forward and the first step's excess; cold in the first row): "
                      + ", ".join(f"{r['assignment']} {r['compile_s']:.1f} s" for r in comp))
     agree = [r for r in results if r["compiled_vs_eager"]]
     if agree:
@@ -736,10 +736,11 @@ def run(args) -> tuple[dict, list[dict]]:
 def main(argv=None) -> int:
     args = parse(argv)
     st, results = run(args)
-    if results:
-        print(table(results, st))
+    print("bench_gpu summary:")  # scripts/gpu_check.sh copies from here into its summary
     if "retraction" in st:
         print(retraction_line(st["retraction"]))
+    if results:
+        print(table(results, st))
     bad = [r["assignment"] for r in results if r["compiled_vs_eager"] and not r["compiled_vs_eager"]["ok"]]
     if bad:
         print(f"FAILED: the compiled forward disagrees with eager beyond {COMPILE_TOL} in {' '.join(bad)}")

@@ -179,7 +179,7 @@ if [[ $rc -eq 124 || $rc -eq 137 ]]; then
     note "bench_gpu: cut by the deadline after $((SECONDS - start)) s; the rows it finished are in bench_gpu.json"
     cut=1
 else
-    sed -n '/^device /,$p' "$OUT/bench_gpu.log" | tee -a "$OUT/summary.txt"
+    sed -n '/^bench_gpu summary:/,$p' "$OUT/bench_gpu.log" | tail -n +2 | tee -a "$OUT/summary.txt"
     note "bench_gpu: rc $rc, $((SECONDS - start)) s (results in bench_gpu.json, written after every row)"
     if [[ $rc -ne 0 ]]; then
         tail -n 20 "$OUT/bench_gpu.log" | tee -a "$OUT/summary.txt"
