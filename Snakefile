@@ -23,7 +23,7 @@ include: "rules/report.smk"
 
 rule all:
     input:
-        all_targets(),
+        TARGETS.all(FOREIGN.targets()),
 
 
 # One target per kind of product (mwm.workflow.stages.PRODUCTS): what each DVC stage runs, and handy alone
@@ -36,7 +36,7 @@ rule data:
 
 rule runs:
     input:
-        run_targets(),
+        TARGETS.runs(FOREIGN.targets()),
     localrule: True
 
 
@@ -48,5 +48,5 @@ rule studies:
 
 rule figures:
     input:
-        all_targets(),
+        TARGETS.all(FOREIGN.targets()),
     localrule: True

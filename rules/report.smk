@@ -7,7 +7,7 @@
 # the solver study on pairs one of them captured; "mechanism2" and "mechanism3" (config/mechanism2.yaml,
 # config/mechanism3.yaml) a round of the per-baseline causal experiment from its runs alone.
 
-REPORT_INPUTS = [*(all_runs() if REPORT_READS_RUNS else []), *study_outputs(*REPORT_STUDIES)]
+REPORT_INPUTS = TARGETS.report_inputs()
 
 
 rule report:

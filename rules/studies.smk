@@ -1,11 +1,11 @@
 # Numerical studies: compute only (CSV + JSON); the report plots them.
 # The absorption study also measures (W, G) pairs captured in training when the
 # config captures them (train.capture_pairs_step), from the first manifold run that
-# has them (hetero preferred: both manifolds; see pairs_input); the audits check a
+# has them (hetero preferred: both manifolds; see Plan.pairs_summaries); the audits check a
 # DGram-attention run's spectral log against the singular-value growth bound (see
-# probe_run in common.smk).
+# Plan.spectral_logs, mwm.plan.runs).
 
-# Each study's output files: study_outputs (common.smk) from the stage manifest, mwm.workflow.stages.
+# Each study's output files: study_outputs (common.smk: mwm.workflow.targets) from the stage manifest.
 
 
 rule study_alpha:
@@ -31,7 +31,7 @@ rule study_alpha:
 
 rule study_absorption:
     input:
-        pairs=pairs_input,
+        pairs=lambda wildcards: PLAN.pairs_summaries(),
     output:
         study_outputs("absorption"),
     params:
@@ -58,7 +58,7 @@ rule study_absorption:
 
 rule study_audits:
     input:
-        spectral=spectral_input,
+        spectral=lambda wildcards: PLAN.spectral_logs(),
     output:
         study_outputs("audits"),
     params:
@@ -88,7 +88,7 @@ rule study_audits:
 rule study_solvers:
     input:
         DATA_FILES,
-        sequences=solver_sequences,
+        sequences=lambda wildcards: PLAN.solver_sequences(),
     output:
         study_outputs("solvers"),
     params:

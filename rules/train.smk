@@ -13,8 +13,8 @@ rule train:
         **run_files(),
     params:
         config=CONFIG_FILE,
-        train=lambda wildcards: run_train(wildcards.variant),  # with its grid.train_overrides
-        capture=lambda wildcards: run_capture(wildcards.variant, wildcards.seed),
+        train=lambda wildcards: PLAN.train(wildcards.variant),  # with its grid.train_overrides
+        capture=lambda wildcards: PLAN.capture(wildcards.variant, wildcards.seed),
         model=CFG["model"],
         numerics=NUMERICS,  # a numerics change retrains the run
     log:

@@ -17,8 +17,8 @@ from mwm.io import atomic_write_json
 from mwm.lock import LOCK_NAME, RunLock, RunLocked
 from mwm.paths import UnsafePathError
 from mwm.plan.runs import Plan, checkpoint_dir, expected_identity, run_dir
-from mwm.setaside import (RECORD_FILE, foreign_problem, foreign_root, next_marker, retrain_dir, retrain_markers,
-                          set_aside)
+from mwm.setaside import (RECORD_FILE, ForeignRuns, foreign_problem, foreign_root, next_marker, retrain_dir,
+                          retrain_markers, set_aside)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,6 +67,27 @@ def test_foreign_problem_names_the_keys_and_ignores_the_configs_own_and_missing_
     assert foreign_problem(Plan(cfg, root), "dgram", 0) is None  # the config's own
     _run(root, cfg)
     assert "train.learning_rate: run 0.02" in foreign_problem(Plan(cfg, root), "none", 0)
+
+
+def test_the_foreign_runs_are_scanned_once_and_wired_by_their_markers(cfg, tmp_path):
+    """The workflow's view: which finished runs are foreign, what it says, the train job's marker
+    inputs (those made before, and the next while foreign) and the markers as targets."""
+    root = tmp_path / "results"
+    _run(root, cfg)  # none seed0: a hand run's identity
+    _run(root, cfg, "dgram", lr=None)  # the config's own
+    folder = retrain_dir(root, "tiny", "dgram", 0)
+    folder.mkdir(parents=True)
+    (folder / "1.json").write_text("{}")  # dgram was set aside and retrained once
+    foreign = ForeignRuns(Plan(cfg, root))
+    assert list(foreign.found) == [("none", 0)] and "train.learning_rate" in foreign.found["none", 0]
+    note = foreign.note("config/tiny.yaml")
+    assert note.startswith("mwm: 1 finished run(s) of config/tiny.yaml are not the config's own")
+    assert f"{root}/runs/tiny/none/seed0/summary.json: " in note
+    assert foreign.train_markers("none", "0") == [(retrain_dir(root, "tiny", "none", 0) / "1.json").as_posix()]
+    assert foreign.train_markers("dgram", "0") == [(folder / "1.json").as_posix()]  # kept once retrained
+    assert foreign.targets() == foreign.train_markers("none", "0")
+    no_grid = {**cfg, "workflow": {**cfg["workflow"], "report": "solvers"}}  # trains no grid runs
+    assert ForeignRuns(Plan(no_grid, root)).found == {} and ForeignRuns(Plan(no_grid, root)).note("x") == ""
 
 
 def test_set_aside_moves_the_run_and_its_checkpoint_then_writes_the_marker(cfg, tmp_path):

@@ -37,7 +37,7 @@ from mwm.workflow.stages import SET_ASIDE_RULE
 from mwm.plan.runs import HAND_FOLDER, RESULTS_ROOT, Plan, config_dir
 
 __all__ = ["RETRAIN_FOLDER", "FOREIGN_FOLDER", "SET_ASIDE_RULE", "RECORD_FILE", "retrain_dir", "retrain_markers",
-           "next_marker", "foreign_root", "foreign_problem", "set_aside", "move_aside", "main"]
+           "next_marker", "foreign_root", "foreign_problem", "ForeignRuns", "set_aside", "move_aside", "main"]
 
 #: Under ``<root>/runs/<name>/``: the markers of runs set aside (a dot name: no variant folder is called so).
 RETRAIN_FOLDER = ".retrain"
@@ -88,6 +88,46 @@ def foreign_problem(plan: Plan, variant: str, seed: int) -> str | None:
     if not isinstance(summary, dict):
         return None
     return plan.problem(summary, variant, seed)
+
+
+class ForeignRuns:
+    """The finished runs of a plan's grid that are not its config's own (``{(variant, seed): why}``,
+    scanned once, when the workflow loads), and the markers the rules wire them with: a foreign run's
+    train job gets one more input, the marker rule ``set_aside_foreign_run`` makes after moving the run
+    aside, so the run is retrained."""
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        # a config that trains no grid runs (a solver-only report) has none to set aside
+        runs = [(v, s) for v in plan.variants for s in plan.seeds] if plan.trains else []
+        self.found = {(v, s): why for v, s in runs if (why := foreign_problem(plan, v, s))}
+
+    def note(self, config_file: str) -> str:
+        """What the workflow says before it sets the runs aside (empty when there is none)."""
+        if not self.found:
+            return ""
+        p = self.plan
+        return (f"mwm: {len(self.found)} finished run(s) of {config_file} are not the config's own (other settings, "
+                "e.g. an older mwm.train with overrides, or other numerics; the report refuses them): rule "
+                f"{SET_ASIDE_RULE} moves each to {foreign_root(p.root, p.name)}/<variant>/seed<S>-<UTC time>/ "
+                "(nothing is deleted) and the workflow retrains it:\n  "
+                + "\n  ".join(f"{p.path(v, s)}/summary.json: {why}" for (v, s), why in self.found.items()))
+
+    def train_markers(self, variant: str, seed: str) -> list[str]:
+        """A run's markers as its train job's inputs: every one made before, so that the set of inputs
+        stays the same once the run is retrained, and the next one while the run is foreign."""
+        p = self.plan
+        markers = retrain_markers(p.root, p.name, variant, seed)
+        if (variant, int(seed)) in self.found:
+            markers.append(next_marker(p.root, p.name, variant, seed))
+        return [m.as_posix() for m in markers]
+
+    def targets(self) -> list[str]:
+        """The markers the foreign runs wait for, as targets of their own: where Snakemake has no
+        records of the runs' settings (a restored, synced or copied checkout), no changed param would
+        make their train jobs run, and a marker wanted only by a job that need not run is never made."""
+        p = self.plan
+        return [next_marker(p.root, p.name, v, s).as_posix() for v, s in self.found]
 
 
 def _utc_stamp(now: float | None) -> str:

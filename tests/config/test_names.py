@@ -16,39 +16,32 @@ ROOT = Path(__file__).resolve().parents[2]
 # What the Snakefile and rules/common.smk import, and the parse-time calls they make.
 PARSE_TIME = """
 import sys
-from mwm.config import PLANNED_ENV, ConfigError, exponent_floats, load_config, planned_stamp, validate
-from mwm.data import DataError, TokenDataset, dataset_dir
-from mwm.workflow.dvc import PERSISTENT
-from mwm.train.launch import ranks_per_run
-from mwm.config.names import UNCONSTRAINED
+import yaml
+from mwm.config import ConfigError
 from mwm.numerics import VERSION
-from mwm.paths import checkout_relative, first_on_pythonpath, inside, leads_out
-from mwm.plan.runs import RUN_FILES, Plan, check_grid, config_dir
-from mwm.setaside import foreign_problem, foreign_root, next_marker, retrain_markers
-from mwm.workflow.site import site_resources
-from mwm.plan.checks import check_config, check_splits
-from mwm.workflow.owner import check_owner, claim
-cfg = load_config("config/ci.yaml")
-check_grid(cfg["grid"])
-ranks_per_run(cfg)
-dataset_dir(cfg["data"])
-plan = Plan(cfg)
+from mwm.paths import CONFIG_ENV, checkout_relative
+from mwm.plan.ranks import ranks_per_run
+from mwm.plan.runs import RUN_FILES, RUN_FOLDERS
+from mwm.setaside import RETRAIN_FOLDER, ForeignRuns
+from mwm.workflow import stages
+from mwm.workflow.owner import claim
+from mwm.workflow.preflight import preflight
+from mwm.workflow.site import stage_resources
+from mwm.workflow.targets import Targets
+env = {}
+with open("config/ci.yaml") as fh:
+    plan = preflight("config/ci.yaml", ".", {}, yaml.safe_load(fh), False, env)
 plan.runs()
-check_config(cfg)
-check_splits(cfg, {"splits": {"val": {"tokens": 10 ** 6}}}, "meta.json")
-check_owner("/nonexistent", cfg, "config/ci.yaml")
 plan.problem({}, "dgram-colnorm", 0)
 plan.train("dgram-hot")
 plan.capture("dgram", 0)
-foreign_problem(Plan(cfg, "/nonexistent"), "dgram-colnorm", 0)
-foreign_root("/nonexistent", cfg["name"])
-retrain_markers("/nonexistent", cfg["name"], "none", "0")
-next_marker("/nonexistent", cfg["name"], "none", "0")
-planned_stamp("config/ci.yaml", cfg)
-plan.path()
-config_dir("runs", cfg["name"])
-leads_out("data/x/train.bin")
-site_resources(1, {"MWM_SLURM_GPU_PARTITION": "gpu"})
+plan.records(), plan.pairs_summaries(), plan.spectral_logs(), plan.solver_sequences()
+foreign = ForeignRuns(plan)
+foreign.note("config/ci.yaml"), foreign.train_markers("none", "0"), foreign.targets()
+targets = Targets(plan)
+targets.all(foreign.targets()), targets.runs(foreign.targets()), targets.report_inputs(), targets.study_outputs("alpha")
+stage_resources(plan.cfg, "train", ranks_per_run(plan.cfg), None, None, {"MWM_SLURM_GPU_PARTITION": "gpu"})
+stages.report_category("loss_curves")
 print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
 """
 
@@ -61,9 +54,9 @@ def test_snakefile_parse_imports_no_torch():
             pkg, name = line.split()[1], line.split()[3].rstrip(",")
             module = ROOT / "src" / pkg.replace(".", "/") / f"{name}.py"
             imported.add(f"{pkg}.{name}" if module.is_file() else pkg)
-    assert imported == {"mwm.plan.checks", "mwm.config", "mwm.data", "mwm.workflow.dvc", "mwm.train.launch",
-                        "mwm.config.names", "mwm.numerics", "mwm.workflow.owner", "mwm.paths",
-                        "mwm.plan.runs", "mwm.setaside", "mwm.workflow.site", "mwm.workflow.stages"}, \
+    assert imported == {"mwm.config", "mwm.numerics", "mwm.paths", "mwm.plan.ranks", "mwm.plan.runs", "mwm.setaside",
+                        "mwm.workflow.stages", "mwm.workflow.owner", "mwm.workflow.preflight", "mwm.workflow.site",
+                        "mwm.workflow.targets"}, \
         "rules/common.smk imports changed: update PARSE_TIME in this test"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.run([sys.executable, "-c", PARSE_TIME], cwd=ROOT, env=env, capture_output=True, text=True,

@@ -260,3 +260,28 @@ def test_hand_runs_of_the_same_overrides_share_one_root(tiny_config):
     a, b = load_config(path, ["train.learning_rate=0.02"]), load_config(path, ["train.learning_rate=0.03"])
     assert hand_root(a) == hand_root(load_config(path, ["train.learning_rate=0.02"])) != hand_root(b)
     assert hand_root(a, "out") == Path("out") / HAND_FOLDER / config_hash(a)
+
+
+def test_the_plan_names_what_the_studies_read(tiny_config):
+    """The policy the rules' input functions call: the records of every run, the absorption study's pairs
+    (hetero first: both manifolds), the audit's spectral log (DGram attention first) and the solver study's
+    grid captures; none where the config asks for none."""
+    from mwm.plan.runs import RUN_FILES, RUN_FOLDERS, Plan
+
+    cfg = _cfg(tiny_config, grid__assignments=["none", "stiefel", "dgram", "hetero"], grid__seeds=[2, 5],
+               train__capture_pairs_step=3)
+    plan = Plan(cfg, "out")
+    assert plan.records() == [f"out/runs/tiny/{v}/seed{s}/{f}" for v in plan.variants for s in (2, 5)
+                              for f in (*RUN_FILES, *RUN_FOLDERS)]
+    assert plan.pairs_summaries() == [f"out/runs/tiny/{v}/seed2/summary.json" for v in ("hetero", "stiefel", "dgram")]
+    assert plan.probe_run(("hetero-inv", "dgram")) == ("dgram", 2)
+    assert plan.probe_run(()) == ("stiefel", 2)  # else the first that uses a manifold
+    assert plan.spectral_logs() == ["out/runs/tiny/dgram/seed2/spectral.csv"]
+    bare = Plan(_cfg(tiny_config, grid__assignments=["none", "adamw"], train__capture_pairs_step=None), "out")
+    assert bare.pairs_summaries() == [] and bare.probe_run(("dgram",)) is None and bare.spectral_logs() == []
+    own = Plan(_cfg(tiny_config, studies={"solvers": {"source": "own"}}), "out")
+    assert own.solver_sequences() == []
+    grid = Plan(_cfg(tiny_config, grid__assignments=["none", "dgram", "hetero"],
+                     studies={"solvers": {"source": "grid", "seed": 0}}), "out")
+    assert grid.capture_variants and grid.solver_sequences() == [
+        f"out/runs/tiny/{v}/seed0/{f}" for v in grid.capture_variants for f in ("summary.json", "metrics.csv")]

@@ -10,7 +10,8 @@ import pytest
 
 import mwm.train.launch as launch_mod
 from mwm.config import ConfigError
-from mwm.train.launch import LAUNCH_DIR_ENV, launch, main, ranks_per_run, worker_exit
+from mwm.plan.ranks import ranks_per_run
+from mwm.train.launch import LAUNCH_DIR_ENV, launch, main, worker_exit
 
 
 def wf(gpu=0, ranks=None, accum=4):

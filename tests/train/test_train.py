@@ -582,7 +582,7 @@ def test_a_results_folder_that_cannot_be_written_is_a_one_line_error(tmp_path, f
 
 
 def test_grad_accum_that_the_ranks_cannot_share_is_refused_before_training(tmp_path, capsys):
-    from mwm.train.launch import accum_per_rank
+    from mwm.plan.ranks import accum_per_rank
 
     assert accum_per_rank({"grad_accum": 8}, 4) == 2 and accum_per_rank({"grad_accum": 3}, 1) == 3
     cfg = load_config(fakedata.write_config(tmp_path / "tiny.yaml", train__grad_accum=3))

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from mwm.config import ConfigError, config_hash, validate
 from mwm.data.spec import dataset_dir
-from mwm.config.names import (COLNORM_SUFFIX, NAMED_ASSIGNMENTS, SOLVER_KEYS, is_colnorm, parse_variant, uses_dgram,
-                    variant_name)
+from mwm.config.names import (COLNORM_SUFFIX, NAMED_ASSIGNMENTS, SOLVER_KEYS, UNCONSTRAINED, is_colnorm, parse_variant,
+                              uses_dgram, variant_name)
 from mwm.numerics import VERSION, version_problem
 from mwm.paths import inside
 from mwm.plan.variants import assignment_spec, sweep_overrides, sweep_points, sweep_variant, sweep_variants
@@ -323,3 +323,47 @@ class Plan:
     def path(self, variant: object = "{variant}", seed: object = "{seed}") -> str:
         """A run folder of the config as text (:func:`run_path`), the rules' wildcard pattern by default."""
         return run_path(self.folders["runs"], variant, seed)
+
+    # -- what the workflow's jobs read (the rules' input functions call these) --------------------
+    def records(self) -> list[str]:
+        """Every run's declared records (:data:`RUN_FILES`, :data:`RUN_FOLDERS`), run by run."""
+        return [f"{self.path(v, s)}/{f}" for v in self.variants for s in self.seeds for f in (*RUN_FILES, *RUN_FOLDERS)]
+
+    def _constrained(self, prefer: tuple[str, ...]) -> list[str]:
+        """The grid's assignments that use a manifold, those in ``prefer`` first (in its order)."""
+        constrained = [v for v in self.cfg["grid"]["assignments"] if v not in UNCONSTRAINED]
+        return list(dict.fromkeys([p for p in prefer if p in constrained] + constrained))
+
+    def probe_run(self, prefer: tuple[str, ...]) -> tuple[str, int] | None:
+        """(variant, seed) of the first grid assignment in ``prefer`` (else the first that uses a
+        manifold) at the first seed, or None: its data feeds the studies."""
+        order = self._constrained(prefer)
+        return (order[0], self.seeds[0]) if order else None
+
+    #: The absorption study's preference among the runs that capture pairs: hetero has both manifolds.
+    PAIRS_PREFER = ("hetero", "hetero-inv", "stiefel", "dgram")
+    #: The growth-bound audit's: DGram attention is where the bound bites.
+    SPECTRAL_PREFER = ("dgram", "hetero-inv", "hetero")
+
+    def pairs_summaries(self) -> list[str]:
+        """The absorption study's training (W, G) pairs, in order of preference: every manifold run at
+        the first seed, by its summary.json (its pairs.npz is written with it). The study uses the
+        first that captured them; a run unstable before the capture step writes a "not captured" file.
+        None when the config captures no pairs (``train.capture_pairs_step`` null)."""
+        if self.cfg["train"]["capture_pairs_step"] is None:
+            return []
+        return [f"{self.path(v, self.seeds[0])}/summary.json" for v in self._constrained(self.PAIRS_PREFER)]
+
+    def spectral_logs(self) -> list[str]:
+        """The spectral log the growth-bound audit reads (none when no run uses a manifold)."""
+        run = self.probe_run(self.SPECTRAL_PREFER)
+        return [] if run is None else [f"{self.path(*run)}/spectral.csv"]
+
+    def solver_sequences(self) -> list[str]:
+        """The grid runs the solver study reads (``studies.solvers.source: grid``), else none: it
+        trains its own captures. Their sequence/ is written with the run's summary.json."""
+        sec = self.cfg["studies"]["solvers"]
+        if sec["source"] != "grid":
+            return []
+        return [f"{self.path(v, sec['seed'])}/{f}" for v in self.capture_variants
+                for f in ("summary.json", "metrics.csv")]

@@ -5,7 +5,7 @@
 runs ``python -m mwm.train ARGS`` as N ranks under ``torchrun --standalone
 --nproc_per_node N`` (one node: N GPUs, or N gloo ranks on CPU). ``python -m
 mwm.train`` calls it itself when the config asks for more than one rank per run
-(:func:`ranks_per_run`: ``workflow.ranks_per_run``, else one rank per GPU of
+(:func:`mwm.plan.ranks.ranks_per_run`: ``workflow.ranks_per_run``, else one rank per GPU of
 ``workflow.resources.train.gpu``), so the workflow's ``train`` rule and a user by
 hand run the same command. Under SLURM the job is one task on one node holding the
 run's GPUs and CPUs (``rules/common.smk``); torchrun starts the ranks inside it.
@@ -32,41 +32,10 @@ from pathlib import Path
 
 from mwm.lock import pid_alive
 
-__all__ = ["ranks_per_run", "launch", "worker_started", "worker_exit", "main"]
+__all__ = ["launch", "worker_started", "worker_exit", "main"]
 
 #: set for the ranks: a folder where each writes ``pid.<rank>`` and ``rc.<rank>``
 LAUNCH_DIR_ENV = "MWM_LAUNCH_DIR"
-
-
-def ranks_per_run(cfg: dict) -> int:
-    """Processes (DDP ranks) per training run of ``cfg``."""
-    from mwm.config import ConfigError
-
-    wf = cfg["workflow"]
-    gpu = wf["resources"]["train"]["gpu"]
-    ranks = wf.get("ranks_per_run")
-    if ranks is None:
-        ranks = max(gpu, 1)
-    elif gpu > 0 and ranks != gpu:
-        raise ConfigError(f"workflow.ranks_per_run={ranks} but workflow.resources.train.gpu={gpu}: "
-                          "a run has one rank per GPU (leave ranks_per_run null to follow gpu)")
-    accum_per_rank(cfg["train"], ranks)
-    return ranks
-
-
-def accum_per_rank(train: dict, world: int) -> int:
-    """Micro-batches each of ``world`` ranks accumulates per step. ``train.grad_accum`` counts them over
-    all ranks, as the released train.py divides it by the world size: a config trains the same run, with
-    the same tokens per step, on one rank or several."""
-    from mwm.config import ConfigError
-
-    accum = train["grad_accum"]
-    if accum % world:
-        raise ConfigError(
-            f"train.grad_accum={accum} is the step's micro-batches over all ranks and must be a multiple of the "
-            f"{world} ranks of a run (each takes grad_accum / ranks); for the same tokens per step on {world} ranks "
-            f"set grad_accum to a multiple of {world} and divide batch_size by the same factor")
-    return accum // world
 
 
 def worker_started() -> None:

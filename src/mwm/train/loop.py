@@ -56,7 +56,8 @@ from mwm.errors import write_failure
 from mwm.train.diagnostics import ATTENTION_COLUMNS, SPECTRAL_COLUMNS, attention_stats, spectral_stats
 from mwm.numerics import code_version
 from mwm.io import atomic_savez, atomic_torch_save, atomic_write_json
-from mwm.train.launch import accum_per_rank, launch, ranks_per_run, worker_exit, worker_started
+from mwm.plan.ranks import accum_per_rank, ranks_per_run
+from mwm.train.launch import launch, worker_exit, worker_started
 from mwm.train.model import GPT, SIZES, GPTConfig
 from mwm.config.names import RETRACTIONS, parse_variant, uses_dgram, variant_name
 from mwm.optim.quality import QUALITY_COLUMNS, quality_rows
@@ -903,7 +904,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=_int_at_least(1), default=None,
                     help="torch CPU threads of the run, split across its ranks (default: torch's choice)")
     ap.add_argument("--nproc", type=_int_at_least(1), default=None,
-                    help="DDP ranks for this run (default: the config's, see mwm.train.launch.ranks_per_run); more "
+                    help="DDP ranks for this run (default: the config's, see mwm.plan.ranks.ranks_per_run); more "
                          "than 1 relaunches this command as that many ranks under torchrun (mwm.train.launch)")
     ap.add_argument("overrides", nargs="*", help="config overrides, dotted.key=value")
     args = ap.parse_args(argv)

@@ -30,7 +30,7 @@ from typing import Mapping
 
 from mwm.errors import ConfigError
 
-__all__ = ["SETTINGS", "site_resources"]
+__all__ = ["SETTINGS", "site_resources", "stage_resources", "train_slurm_extra"]
 
 #: The settings a kind of job takes, by the suffix of their variable, and the plugin's resource.
 SETTINGS = {"PARTITION": "slurm_partition", "ACCOUNT": "slurm_account", "QOS": "qos", "CONSTRAINT": "constraint"}
@@ -71,4 +71,48 @@ def site_resources(gpus: int, environ: Mapping[str, str] = os.environ) -> dict:
     else:
         raise ConfigError(f"environment variable MWM_SLURM_GPU_REQUEST={form!r}: 'gpus' (sbatch --gpus, the "
                           "default) or 'gres' (--gres=gpu:N, for clusters that refuse --gpus)")
+    return out
+
+
+def _given(table, key: str) -> str | None:
+    """A resource as Snakemake's command line or a profile gave it (--set-resources,
+    --default-resources): an entry with ``raw`` or ``value``, or None."""
+    r = (table or {}).get(key)
+    if r is None:
+        return None
+    raw = r.raw if r.raw is not None else r.value
+    return None if raw is None else str(raw).strip().strip("'\"").strip()
+
+
+def train_slurm_extra(signal_opt: str, overwrite: Mapping | None, default: Mapping | None) -> str:
+    """The training jobs' sbatch extras: a site's --default-resources slurm_extra (``default``) with the
+    warning signal added; a --set-resources train:slurm_extra (``overwrite``, train's) would replace the
+    signal, so one without it is refused (a run past its time limit would lose every step since its
+    last checkpoint)."""
+    mine = _given(overwrite, "slurm_extra")
+    if mine is not None and "--signal" not in mine:
+        raise ConfigError(
+            f"--set-resources train:slurm_extra={mine} replaces the training jobs' {signal_opt} (SLURM's "
+            f"warning before the time limit, workflow.warning_signal_s): give both, "
+            f"--set-resources \"train:slurm_extra='{mine} {signal_opt}'\"")
+    site = _given(default, "slurm_extra")
+    return signal_opt if not site else site if "--signal" in site else f"{site} {signal_opt}"
+
+
+def stage_resources(cfg: dict, stage: str, ranks: int, overwrite: Mapping | None = None,
+                    default: Mapping | None = None, environ: Mapping[str, str] = os.environ) -> dict:
+    """A stage's Snakemake resources: memory and runtime from the config's workflow section, the SLURM
+    site settings of its kind of job (GPU or CPU) from ``environ``; for training, the warning signal
+    (``overwrite``/``default``: Snakemake's --set-resources for train and --default-resources) and, with
+    more than one of ``ranks`` per run, one node."""
+    r = dict(cfg["workflow"]["resources"][stage])
+    out = {"mem_mb": r["mem_mb"], "runtime": r["runtime"], **site_resources(r["gpu"], environ)}
+    if stage == "train" and cfg["workflow"]["warning_signal_s"]:
+        # SLURM's warning before the time limit: the run checkpoints and exits 75 (ignored elsewhere)
+        out["slurm_extra"] = train_slurm_extra(f"--signal=USR1@{cfg['workflow']['warning_signal_s']}", overwrite,
+                                               default)
+    if stage == "train" and ranks > 1:
+        # mwm.train starts the ranks itself (torchrun --standalone): one task on one node
+        # with every GPU and thread of the run (SLURM tasks would rerun the whole job step)
+        out["nodes"] = 1
     return out
