@@ -281,7 +281,7 @@ def exercise_run_paths(run, cfg, out: Path) -> dict:
     spectral = {"spectral_cpu64_s": sum(timed) if timed else None, **spectral_device32(run)}
     run.save_checkpoint()
     t2 = time.perf_counter()
-    again = T.Run(cfg, run.assignment, run.seed, run.retraction, out)
+    again = T.Run(cfg, run.assignment, run.seed, run.retraction, out, data=run.data)
     step = again.try_resume()
     again.open_logs(step)
     t3 = time.perf_counter()
@@ -331,8 +331,8 @@ def compile_agreement(run, cfg) -> dict:
     return {"compiled": lc, "eager": le, "rel_diff": rel, "tol": tol, "ok": bool(rel <= tol)}
 
 
-def measure(args, name: str, batch: int, accum: int, budget_s: float, out: Path, exercise: bool) -> dict:
-    """One row: a Run of ``name``'s assignment, warm-up, timed steps, syncs, agreement."""
+def measure(args, name: str, batch: int, accum: int, budget_s: float, out: Path, exercise: bool, data) -> dict:
+    """One row: a Run of ``name``'s assignment on ``data``, warm-up, timed steps, syncs, agreement."""
     import torch
 
     import mwm.train.loop as T
@@ -343,7 +343,7 @@ def measure(args, name: str, batch: int, accum: int, budget_s: float, out: Path,
     t_start = time.perf_counter()
     if args.device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats(torch.device(args.device))
-    run = T.Run(cfg, assignment, 0, cfg["train"]["dgram_retraction"], out / name)
+    run = T.Run(cfg, assignment, 0, cfg["train"]["dgram_retraction"], out / name, data=data)
     run.open_logs(0)
     setup_s = time.perf_counter() - t_start  # model, optimizers, the manifold init: outside any step
     # the compiled forward against eager on this model, before any step (the compile is the one the
@@ -398,7 +398,6 @@ def measure(args, name: str, batch: int, accum: int, budget_s: float, out: Path,
 def bench_assignment(args, name: str, budget_s: float, out: Path, exercise: bool = False) -> dict:
     """:func:`measure` on random token ids, halving the micro-batch on a GPU allocation
     failure at any step (the same tokens per step through gradient accumulation)."""
-    import mwm.train.loop as T
     from bench_fullsize import RandomTokens
 
     batch, accum = load_batch(args) if args.batch is None else (args.batch, 1)
@@ -406,23 +405,18 @@ def bench_assignment(args, name: str, budget_s: float, out: Path, exercise: bool
     # the model's vocabulary (50304 for the paper: GPT-2's 50257 ids, padded); random ids below 50257
     vocab = cfg0["model"]["vocab_size"] or 50257
     data = RandomTokens(min(vocab, 50257), max(1_000_000, 4 * (cfg0["model"]["block_size"] + 2)))
-    resolve = T.resolve_data
-    T.resolve_data = lambda cfg: data
-    try:
-        while True:
-            try:
-                return measure(args, name, batch, accum, budget_s, out, exercise)
-            except Exception as exc:  # noqa: BLE001 - only allocation failures are retried
-                if not is_oom(exc) or batch == 1:
-                    raise
-                print(f"  {name}: out of GPU memory ({type(exc).__name__}); micro-batch {batch // 2} x "
-                      f"grad_accum {accum * 2}", flush=True)
-                batch, accum = batch // 2, accum * 2
-            finally:
-                _free()  # the run (model, optimizer state, activations) is gone before the next
-                _reset_compiler()
-    finally:
-        T.resolve_data = resolve
+    while True:
+        try:
+            return measure(args, name, batch, accum, budget_s, out, exercise, data)
+        except Exception as exc:  # noqa: BLE001 - only allocation failures are retried
+            if not is_oom(exc) or batch == 1:
+                raise
+            print(f"  {name}: out of GPU memory ({type(exc).__name__}); micro-batch {batch // 2} x "
+                  f"grad_accum {accum * 2}", flush=True)
+            batch, accum = batch // 2, accum * 2
+        finally:
+            _free()  # the run (model, optimizer state, activations) is gone before the next
+            _reset_compiler()
 
 
 def load_batch(args) -> tuple[int, int]:

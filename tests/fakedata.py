@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+import mwm.train.cli
 import mwm.train.loop
 import importlib.util
 import os
@@ -68,7 +69,7 @@ def write_config(path, base=None, **overrides):
 TESTS = Path(__file__).parent
 CHILD = (
     "import sys; sys.path.insert(0, {tests!r}); import fakedata; fakedata.patch()\n"
-    "from mwm.train.loop import main; sys.exit(main(sys.argv[1:]))\n"
+    "from mwm.train.cli import main; sys.exit(main(sys.argv[1:]))\n"
 )
 
 
@@ -94,9 +95,9 @@ def wait_for(pred, proc, timeout=180):
 
 
 def run_main(tmp_path, *extra, assignment="none", seed="0", out="out", **over):
-    """``mwm.train.loop.main`` in this process on a tiny config; its return code and run folder."""
+    """``mwm.train.cli.main`` in this process on a tiny config; its return code and run folder."""
     cfg = write_config(tmp_path / "tiny.yaml", **over)
-    rc = mwm.train.loop.main(["--config", str(cfg), "--assignment", assignment, "--seed", seed,
+    rc = mwm.train.cli.main(["--config", str(cfg), "--assignment", assignment, "--seed", seed,
                          "--out", str(tmp_path / out), *extra])
     return rc, tmp_path / out / "runs" / "tiny" / assignment / f"seed{seed}"
 

@@ -26,7 +26,7 @@ def test_second_process_on_a_run_is_refused_naming_the_holder(tiny_config, tmp_p
         fakedata.wait_for(lambda: ((d / "metrics.csv").exists()
                                    and len((d / "metrics.csv").read_text().splitlines()) > 2),
                           proc)
-        from mwm.train.loop import main
+        from mwm.train.cli import main
 
         rows_before = len((d / "metrics.csv").read_text().splitlines())
         rc = main(["--config", str(cfg), "--assignment", "none", "--seed", "0", "--out", str(out)])

@@ -361,7 +361,7 @@ def test_grid_runs_capture_the_window_and_the_study_reads_them_without_training(
     from mwm.config import config_hash, load_config
     from mwm.plan.runs import config_run_identity, run_dir
     from mwm.studies.solvers import run_solvers
-    from mwm.train.loop import train
+    from mwm.train.cli import train
 
     small = ["studies.solvers.source=grid", "studies.solvers.capture_start=2", "studies.solvers.capture_length=3",
              "studies.solvers.reference_iterations=10", "studies.solvers.baseline_steps=5",

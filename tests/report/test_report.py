@@ -14,7 +14,7 @@ from mwm import paper
 from mwm.config.names import PAPER_ASSIGNMENTS
 from mwm.report.ledger import VERDICTS
 from mwm.report.load import ReportError
-from mwm.train.loop import train
+from mwm.train.cli import train
 
 STUDIES = {
     "threads": 1,

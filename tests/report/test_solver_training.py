@@ -9,7 +9,7 @@ from mwm.config import ConfigError, load_config
 from mwm.report.load import load_runs
 from mwm.report.solver_training import MIN_SEEDS, solver_training_report, verdict
 from mwm.plan.runs import check_grid
-from mwm.train.loop import train
+from mwm.train.cli import train
 
 GRID = {
     "assignments": ["hetero", "hetero-admm"],

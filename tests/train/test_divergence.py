@@ -18,7 +18,7 @@ from mwm.optim.manifolds import get_manifold
 from mwm.train.model import GPT, GPTConfig
 from mwm.optim.solvers import SolverSettings
 from mwm.optim.muon import ManifoldMuon
-from mwm.train.loop import main
+from mwm.train.cli import main
 
 BIG = 1e20  # finite, but its squares overflow float32: a Gram matrix of it is Inf
 

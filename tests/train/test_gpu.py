@@ -21,7 +21,8 @@ import torch
 
 import fakedata
 from mwm.config import load_config
-from mwm.train.loop import EXIT_PREEMPTED, Run, main
+from mwm.train.cli import main
+from mwm.train.loop import EXIT_PREEMPTED, Run
 
 DEVICE = os.environ.get("MWM_TEST_DEVICE", "cuda")
 ON_GPU = DEVICE.startswith("cuda")

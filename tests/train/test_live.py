@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from mwm.train.loop import Run, main
+from mwm.train.cli import main
+from mwm.train.loop import Run
 
 pytest.importorskip("tensorboard")
 pytest.importorskip("dvclive")

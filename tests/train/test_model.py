@@ -142,7 +142,7 @@ def test_qk_scale_round_trips_through_the_export_and_is_checked():
 
 def test_the_train_key_attn_qk_scale_builds_the_model_with_it():
     from mwm.config import validate
-    from mwm.train.loop import build_model_config
+    from mwm.train.batches import build_model_config
 
     model = {"n_layer": 2, "n_head": 4, "n_embd": 64, "block_size": 16}
     assert build_model_config(validate({"name": "t", "model": model}), 32).qk_scale is None

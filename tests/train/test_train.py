@@ -13,7 +13,9 @@ import torch
 
 import fakedata
 from mwm.config import ConfigError, load_config
-from mwm.train.loop import EXIT_PREEMPTED, DivergenceMonitor, Run, main
+from mwm.train.cli import main
+from mwm.train.divergence import DivergenceMonitor
+from mwm.train.loop import EXIT_PREEMPTED, Run
 import pickle
 
 LOSS_COLS = ("step", "train_loss", "lr", "muon_lr")
@@ -377,7 +379,7 @@ def test_bad_seed_and_output_roots_are_refused_before_the_run(tmp_path, monkeypa
     """`--seed 99999999999999999999` died with "Overflow when unpacking long long"; `--out /`
     (as root) made /runs and /checkpoints; `--out /proc` was a traceback."""
     started = []
-    monkeypatch.setattr("mwm.train.loop.train", lambda *a, **k: started.append(a) or 0)
+    monkeypatch.setattr("mwm.train.cli.train", lambda *a, **k: started.append(a) or 0)
     cfg = fakedata.write_config(tmp_path / "tiny.yaml")
     argv = ["--config", str(cfg), "--assignment", "none", "--seed", "0", "--out", str(tmp_path / "o"), *args]
     try:
@@ -485,7 +487,7 @@ def test_stale_logs_without_header_start_the_run_afresh(tmp_path, fake_data):
 @pytest.mark.parametrize("args,needle", [(["--seed", "-1"], "--seed"), (["--threads", "-1"], "--threads"),
                                          (["--threads", "0"], "--threads")])
 def test_negative_seed_and_threads_are_refused(tmp_path, fake_data, capsys, args, needle):
-    from mwm.train.loop import main
+    from mwm.train.cli import main
 
     cfg = fakedata.write_config(tmp_path / "tiny.yaml")
     argv = ["--config", str(cfg), "--assignment", "none", "--seed", "0", "--out", str(tmp_path / "o")] + args
@@ -617,7 +619,7 @@ def test_a_run_gives_back_the_signal_handlers_it_replaced(tmp_path):
 
 
 def test_a_gpu_without_native_bfloat16_is_refused_naming_the_keys():
-    from mwm.train.loop import check_bfloat16
+    from mwm.train.device import check_bfloat16
 
     dev = torch.device("cuda", 0)
     with pytest.raises(ConfigError, match=r"train.dtype=bfloat16, train.msign_precision=bfloat16: cuda:0 .* no native"):
@@ -631,7 +633,7 @@ def test_a_gpu_without_native_bfloat16_is_refused_naming_the_keys():
 def test_tf32_goes_through_one_api_and_every_getter_still_reads_it():
     import warnings
 
-    from mwm.train.loop import set_matmul_precision
+    from mwm.train.device import set_matmul_precision
 
     before = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
     try:
@@ -762,10 +764,10 @@ def test_stale_logs_without_a_checkpoint_do_not_fail_the_run(tmp_path, fake_data
 
 
 def test_nproc_that_the_grad_accum_cannot_share_is_refused_before_torchrun(tmp_path, fake_data, capsys, monkeypatch):
-    import mwm.train.loop as loop
+    import mwm.train.cli as cli
 
     started = []
-    monkeypatch.setattr(loop, "launch", lambda *a, **k: started.append(a) or 0)
+    monkeypatch.setattr(cli, "launch", lambda *a, **k: started.append(a) or 0)
     rc, _ = fakedata.run_main(tmp_path, "--nproc", "2", train__grad_accum=1)
     err = capsys.readouterr().err
     assert rc == 2 and started == [] and err.count("\n") == 1, err
@@ -794,6 +796,7 @@ sys.path.insert(0, {tests!r})
 import fakedata
 fakedata.patch()
 import mwm.train.loop as loop
+from mwm.train.cli import main
 from mwm.train.folder import RunFolder
 phase, rank = sys.argv[1], int(os.environ["RANK"])
 if phase == "kill":
@@ -805,12 +808,12 @@ if phase == "kill":
     loop.Run.save_checkpoint = save
 elif phase == "resume" and rank == 1:  # this rank looks while rank 0 restores the logs: it would start afresh
     RunFolder.logs_reach = lambda self, step, extent=None: False
-sys.exit(loop.main(sys.argv[2:]))
+sys.exit(main(sys.argv[2:]))
 """
 
 
 def _two_ranks(cfg, out, phase, assignment="none"):
-    """``mwm.train.loop.main`` as two gloo ranks (the child above); their (exit status, output)."""
+    """``mwm.train.cli.main`` as two gloo ranks (the child above); their (exit status, output)."""
     import socket
 
     code = _RANK_CHILD.format(tests=str(Path(fakedata.__file__).parent))

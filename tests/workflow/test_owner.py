@@ -52,7 +52,7 @@ def test_same_file_edited_is_a_config_change_another_file_is_refused(tiny_config
 
 
 def test_hand_run_of_a_copied_config_is_refused_before_writing(tiny_config, fake_data, tmp_path, monkeypatch, capsys):
-    from mwm.train.loop import main
+    from mwm.train.cli import main
 
     monkeypatch.delenv(TAKE_OVER_ENV, raising=False)
     over = dict(train__max_iters=2, train__lr_decay_iters=2, train__eval_interval=2)

@@ -117,7 +117,7 @@ def test_reads_a_run_being_written_without_locking(cfg, tmp_path):
 def test_a_real_run_logs_progress_and_reads_completed(tiny_config, fake_data, tmp_path, capsys, one_thread):
     """The training log shows step, loss, lr, ms/step and ETA every log_interval steps, and the
     status table reads the finished run folder."""
-    from mwm.train.loop import train
+    from mwm.train.cli import train
 
     path = tiny_config(train__max_iters=8, train__log_interval=4)
     cfg = load_config(str(path))

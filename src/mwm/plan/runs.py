@@ -24,7 +24,7 @@ from mwm.numerics import VERSION, version_problem
 from mwm.paths import inside
 from mwm.plan.variants import assignment_spec, sweep_overrides, sweep_points, sweep_variant, sweep_variants
 
-__all__ = ["Plan", "Run", "folders", "run_path", "config_dir", "hand_root", "FIGURES_ROOT", "CONFIG_KINDS",
+__all__ = ["Plan", "PlannedRun", "folders", "run_path", "config_dir", "hand_root", "FIGURES_ROOT", "CONFIG_KINDS",
            "RUN_FILES", "RUN_FOLDERS", "FINAL_STATUSES", "capture_variants", "capture_window", "run_dir",
            "checkpoint_dir", "grid_variants", "check_grid", "run_config", "run_identity", "config_run_identity",
            "variant_retraction", "expected_identity", "identity_diff", "identity_problem", "identity_checkable",
@@ -136,7 +136,7 @@ def run_identity(run_cfg: dict, assignment: str, seed: int, retraction: str) -> 
 def config_run_identity(cfg: dict, assignment: str, seed: int, retraction: str | None = None) -> dict:
     """The identity of the run ``cfg`` makes of (assignment, seed, retraction): its
     grid.train_overrides merged, the retraction defaulting to train.dgram_retraction (as
-    :func:`mwm.train.loop.train` does)."""
+    :func:`mwm.train.cli.train` does)."""
     run_cfg = run_config(cfg, assignment)
     return run_identity(run_cfg, assignment, seed, retraction or run_cfg["train"]["dgram_retraction"])
 
@@ -256,9 +256,10 @@ def run_path(runs: str, variant: object = "{variant}", seed: object = "{seed}") 
 
 
 @dataclass(frozen=True)
-class Run:
-    """One run a config makes: its grid ``variant`` and ``seed``, the assignment and DGram retraction
-    it trains, its folder ``dir`` and checkpoint folder ``ckpt_dir``."""
+class PlannedRun:
+    """One run a config makes (what :class:`mwm.train.loop.Run` trains): its grid ``variant`` and
+    ``seed``, the assignment and DGram retraction it trains, its folder ``dir`` and checkpoint folder
+    ``ckpt_dir``."""
 
     variant: str
     seed: int
@@ -298,12 +299,13 @@ class Plan:
         """The train section a run of ``variant`` trains with."""
         return self.config(variant)["train"]
 
-    def run(self, variant: str, seed: int) -> Run:
+    def run(self, variant: str, seed: int) -> PlannedRun:
         """The run of ``variant`` and ``seed`` (its folders checked to stay inside the root)."""
-        return Run(variant, int(seed), parse_variant(variant)[0], variant_retraction(variant, self.train(variant)),
-                   run_dir(self.root, self.name, variant, seed), checkpoint_dir(self.root, self.name, variant, seed))
+        root, name, retraction = self.root, self.name, variant_retraction(variant, self.train(variant))
+        return PlannedRun(variant, int(seed), parse_variant(variant)[0], retraction,
+                          run_dir(root, name, variant, seed), checkpoint_dir(root, name, variant, seed))
 
-    def runs(self) -> list[Run]:
+    def runs(self) -> list[PlannedRun]:
         """Every run of the grid, variant by variant, seed by seed."""
         return [self.run(v, s) for v in self.variants for s in self.seeds]
 

@@ -140,7 +140,7 @@ def capture_sequences(cfg: dict, sec: dict, out: Path, log=print) -> tuple[list[
     import signal
 
     from mwm.plan.runs import run_dir
-    from mwm.train.loop import train
+    from mwm.train.cli import train
 
     dirs, missing = [], []
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1)}

@@ -1,7 +1,7 @@
-"""``python -m mwm.train``: train one run (:func:`mwm.train.loop.main`)."""
+"""``python -m mwm.train``: train one run (:func:`mwm.train.cli.main`)."""
 
 import sys
 
-from mwm.train.loop import main
+from mwm.train.cli import main
 
 sys.exit(main())
