@@ -26,6 +26,7 @@ import pandas as pd
 from mwm import paper
 from mwm.plan.runs import run_config
 from mwm.plan.variants import rate_label, sweep_points
+from mwm.stats import binomial_p, clopper_pearson
 from mwm.train import manipulation
 
 __all__ = ["pilot_rows", "restore_power", "min_failed_cells", "power_rows", "load_pilot", "main"]
@@ -56,7 +57,7 @@ def pilot_rows(cfg: dict, runs, res: pd.DataFrame) -> list[dict]:
         g = res[(res.arm == arm) & (res.rate == rate)]
         failed = [None if f is None else bool(f) for f in g.failed]
         k, n = sum(f is True for f in failed), sum(f is not None for f in failed)
-        ci = paper.clopper_pearson(k, n, paper.CI_LEVEL) if n else None
+        ci = clopper_pearson(k, n, paper.CI_LEVEL) if n else None
         row = {"arm": arm, "eta": rate_label(rate), "seeds": len(g),
                "final loss (median)": f"{g.final_val_loss.median():.3f}",
                "failed": _frac(failed) + ("" if ci is None else f" [{ci[0]:.2f}, {ci[1]:.2f}]")}
@@ -80,8 +81,8 @@ def min_failed_cells(family: int, alpha: float = 1 - paper.CI_LEVEL) -> int:
     :data:`mwm.paper.RESTORE_NULL` passes Holm's first step (``alpha / family``) and whose Clopper-Pearson
     lower bound is above the null."""
     k = 1
-    while not (paper.binomial_p(k, k, paper.RESTORE_NULL) < alpha / family
-               and paper.clopper_pearson(k, k, paper.CI_LEVEL)[0] > paper.RESTORE_NULL):
+    while not (binomial_p(k, k, paper.RESTORE_NULL) < alpha / family
+               and clopper_pearson(k, k, paper.CI_LEVEL)[0] > paper.RESTORE_NULL):
         k += 1
     return k
 
@@ -101,8 +102,8 @@ def restore_power(n: int, fail_share: float, restore_share: float, family: int =
     for f in range(1, n + 1):
         pf = _binom_pmf(f, n, fail_share)
         for r in range(f + 1):
-            if paper.clopper_pearson(r, f, paper.CI_LEVEL)[0] > paper.RESTORE_NULL and \
-                    paper.binomial_p(r, f, paper.RESTORE_NULL) < alpha:
+            if clopper_pearson(r, f, paper.CI_LEVEL)[0] > paper.RESTORE_NULL and \
+                    binomial_p(r, f, paper.RESTORE_NULL) < alpha:
                 total += pf * _binom_pmf(r, f, restore_share)
     return total
 
