@@ -72,7 +72,8 @@ def test_names_is_standard_library_only():
         lines = Path(path).read_text().splitlines()
         return {line.split()[1] for line in lines if line.startswith(("import ", "from "))}
 
-    assert imports(names.__file__) <= {"__future__", "typing", "mwm.optim.vocab"}
+    assert imports(names.__file__) <= {"__future__", "typing", "mwm.optim.vocab", "mwm.experiments"}
+    assert imports(ROOT / "src" / "mwm" / "experiments.py") <= {"__future__", "dataclasses"}
     assert imports(ROOT / "src" / "mwm" / "optim" / "vocab.py") <= {"__future__", "typing", "fnmatch"}
     assert imports(ROOT / "src" / "mwm" / "optim" / "__init__.py") == set()
 

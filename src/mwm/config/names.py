@@ -29,8 +29,12 @@ from __future__ import annotations
 from typing import Mapping
 
 # The optimizer's own vocabulary lives with it (torch-free); the package reads it from here.
+from mwm.experiments import EXPERIMENTS
 from mwm.optim.vocab import (ADAMW, ATTN_KEYS, MLP_KEYS, MSIGN_KEYS, MSIGN_STEPS, NAMED_ASSIGNMENTS, NORMALIZE_SCOPES,
                              PAPER_TRAIN, POLARS, PRECISIONS, RETRACTIONS, SOLVER_KEYS, SOLVERS)
+
+#: What ``workflow.report`` may name: the experiments (:data:`mwm.experiments.EXPERIMENTS`).
+REPORTS = tuple(EXPERIMENTS)
 
 __all__ = [
     "ATTN_KEYS",
@@ -43,6 +47,7 @@ __all__ = [
     "UNCONSTRAINED",
     "RETRACTIONS",
     "POLARS",
+    "REPORTS",
     "SOLVERS",
     "NORMALIZE_SCOPES",
     "PRECISIONS",

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from mwm.config import ConfigError, config_hash, validate
 from mwm.data.spec import dataset_dir
+from mwm.experiments import EXPERIMENTS
 from mwm.config.names import (COLNORM_SUFFIX, NAMED_ASSIGNMENTS, SOLVER_KEYS, UNCONSTRAINED, is_colnorm, parse_variant,
                               uses_dgram, variant_name)
 from mwm.numerics import VERSION, version_problem
@@ -286,7 +287,7 @@ class Plan:
     @property
     def trains(self) -> bool:
         """Whether the grid's runs are trained (a solver-only report trains only the study's captures)."""
-        return self.cfg["workflow"]["report"] != "solvers"
+        return EXPERIMENTS[self.cfg["workflow"]["report"]].reads_runs
 
     def config(self, variant: str) -> dict:
         """The config every run of grid ``variant`` trains with (:func:`run_config` of its assignment)."""

@@ -23,6 +23,7 @@ from pathlib import Path
 from mwm import paper
 from mwm.config import ConfigError, load_config
 from mwm.errors import write_failure
+from mwm.experiments import EXPERIMENTS
 from mwm.paths import inside
 from mwm.report import style
 from mwm.workflow.owner import check_owner
@@ -38,32 +39,53 @@ from mwm.report.studies import SOLVER_STUDY_FILES, load_studies, solver_study_re
 from mwm.report.training import training_report, write_run_metrics
 
 
-def build(cfg: dict, results: Path, out: Path, incomplete: str | None = None) -> Path:
-    """Every table and figure and the ledger of ``cfg`` from ``results`` into ``out``; ``incomplete`` (a
-    partial report): no ledger rule is applied, each row says so with that line."""
-    folder = config_dir("studies", cfg["name"], results)
-    if cfg["workflow"]["report"] == "solvers":  # a config that measures the inner solvers alone
-        solver_study_report(load_studies(folder, required=SOLVER_STUDY_FILES, cfg=cfg), out)
-        return out
-    runs = load_runs(cfg, results)
-    out.mkdir(parents=True, exist_ok=True)
-    write_run_metrics(runs, out)  # every report with runs: one file that `dvc exp show` compares
-    if cfg["workflow"]["report"] == "sweep":  # a learning-rate sweep: its figures, tables and ledger rows
-        write_ledger(build_sweep_ledger(cfg, sweep_report(cfg, runs, out)), out, incomplete)
-        return out
-    if cfg["workflow"]["report"] == "mechanism":  # the causal experiment, and the solver study on its pairs
-        write_ledger(build_mechanism_ledger(cfg, mechanism_report(cfg, runs, out)), out, incomplete)
-        solver_study_report(load_studies(folder, required=SOLVER_STUDY_FILES, cfg=cfg), out)
-        return out
-    if cfg["workflow"]["report"] in paper.ROUNDS:  # a round of the per-baseline causal experiment, from its runs
-        write_ledger(build_mechanism2_ledger(cfg, mechanism2_report(cfg, runs, out)), out, incomplete)
-        return out
+def _full(cfg: dict, runs, folder: Path, out: Path, incomplete: str | None) -> None:
+    """The paper's report: every run, study, table and figure, and the ledger."""
     studies = load_studies(folder, cfg=cfg)
-    out.mkdir(parents=True, exist_ok=True)
     numbers = training_report(cfg, runs, out)
     studies_report(studies, out)
     solver_training_report(cfg, runs, studies, out)
     write_ledger(build_ledger(cfg, numbers["results"], runs, studies), out, incomplete)
+
+
+def _solvers(cfg: dict, runs, folder: Path, out: Path, incomplete: str | None) -> None:
+    """A config that measures the inner solvers alone: the solver study's figure and table."""
+    solver_study_report(load_studies(folder, required=SOLVER_STUDY_FILES, cfg=cfg), out)
+
+
+def _sweep(cfg: dict, runs, folder: Path, out: Path, incomplete: str | None) -> None:
+    """A learning-rate sweep: its figures, tables and ledger rows."""
+    write_ledger(build_sweep_ledger(cfg, sweep_report(cfg, runs, out)), out, incomplete)
+
+
+def _mechanism(cfg: dict, runs, folder: Path, out: Path, incomplete: str | None) -> None:
+    """The causal experiment, and the solver study on its pairs."""
+    write_ledger(build_mechanism_ledger(cfg, mechanism_report(cfg, runs, out)), out, incomplete)
+    solver_study_report(load_studies(folder, required=SOLVER_STUDY_FILES, cfg=cfg), out)
+
+
+def _mechanism_round(cfg: dict, runs, folder: Path, out: Path, incomplete: str | None) -> None:
+    """A round of the per-baseline causal experiment (:data:`mwm.paper.ROUNDS`), from its runs."""
+    write_ledger(build_mechanism2_ledger(cfg, mechanism2_report(cfg, runs, out)), out, incomplete)
+
+
+#: How each experiment of :data:`mwm.experiments.EXPERIMENTS` builds its report from its runs (None where
+#: it reads none), its studies' folder and ``out``; a test holds the two tables to the same names.
+BUILDERS = {"full": _full, "solvers": _solvers, "sweep": _sweep, "mechanism": _mechanism,
+            **{name: _mechanism_round for name in paper.ROUNDS}}
+
+
+def build(cfg: dict, results: Path, out: Path, incomplete: str | None = None) -> Path:
+    """Every table and figure and the ledger of ``cfg`` from ``results`` into ``out``; ``incomplete`` (a
+    partial report): no ledger rule is applied, each row says so with that line."""
+    name = cfg["workflow"]["report"]
+    folder = config_dir("studies", cfg["name"], results)
+    runs = None
+    if EXPERIMENTS[name].reads_runs:
+        runs = load_runs(cfg, results)
+        out.mkdir(parents=True, exist_ok=True)
+        write_run_metrics(runs, out)  # every report with runs: one file that `dvc exp show` compares
+    BUILDERS[name](cfg, runs, folder, out, incomplete)
     return out
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from mwm.experiments import EXPERIMENTS, STUDY_NAMES
+
 __all__ = ["Stage", "STAGES", "STUDIES", "REPORT_INPUTS", "PRODUCTS", "SET_ASIDE_RULE", "products",
            "rule_file_sections", "study_files", "report_category"]
 
@@ -76,13 +78,12 @@ STAGES: dict[str, Stage] = {
     "report": Stage("report", "mwm.report", (), {"metrics": "metrics.json"}),
 }
 
-#: The numerical studies, in the order the report draws them.
-STUDIES = ("alpha", "absorption", "audits", "solvers")
+#: The numerical studies, in the order the report draws them (named with the experiments, mwm.experiments).
+STUDIES = STUDY_NAMES
 #: What each kind of report (``workflow.report``) is built from: the studies it reads, and whether it reads
 #: the grid's training runs (the rules' report inputs; ``mwm.workflow.status`` lists these and no others).
-REPORT_INPUTS = {"full": (STUDIES, True), "solvers": (("solvers",), False), "sweep": ((), True),
-                 "mechanism": (("solvers",), True), "mechanism2": ((), True),
-                 "mechanism3": ((), True)}
+REPORT_INPUTS = {name: (e.studies, e.reads_runs) for name, e in EXPERIMENTS.items()}
+assert all(study in STAGES for study in STUDIES), "every study of mwm.experiments has a stage here"
 
 
 #: The kinds of product a config makes, in DAG order; each is a Snakemake target rule (the Snakefile)
