@@ -301,3 +301,10 @@ def test_no_mech2_rule_can_only_pass():
             seen = {paper.judge(c, v[c.id], caps=CAPS2, seeds=12)[0] for v in inputs}
             assert seen == {"reproduced", "not reproduced", paper.UNRESOLVED, paper.NOT_TESTED}, c.id
         assert seen - {"reproduced"} and ("reproduced" in seen or c.rule.kind == "cause_outcomes"), c.id
+
+
+def test_every_claim_is_judged_by_its_rule_kind_and_an_unknown_kind_is_refused():
+    assert {c.rule.kind for c in paper.CLAIMS} <= set(paper._JUDGES)
+    odd = paper.Claim("x.odd", "a claim", "0", "1.0", paper.Rule("median"))
+    with pytest.raises(ValueError, match="claim x.odd: unknown rule kind 'median'"):
+        paper.judge(odd, 1.0)

@@ -605,31 +605,26 @@ def judge(c: Claim, x: Any, *, caps: Sequence[str] = ("any",), seeds: int | None
         return NC, f"no rebuilt value{': ' + reason if reason else ''}"
     if seeds is not None and seeds < r.min_seeds:
         return TOO_FEW, f"{seeds} seed(s), the rule needs {r.min_seeds}"
-    if r.kind == "window":
-        ok = r.lo <= float(x) <= r.hi
-        return ("reproduced" if ok else "not reproduced"), f"{float(x):.4g} {'inside' if ok else 'outside'} " \
-            f"[{r.lo:.4g}, {r.hi:.4g}]"
-    if r.kind == "audit":
-        return ("reproduced" if bool(x) else "contradicted by an audit"), \
-            ("the statement holds" if bool(x) else "the statement fails")
-    if r.kind == "order":
-        return _judge_order(c, x)
-    if r.kind == "edge":
-        return _judge_edge(c, x)
-    if r.kind == "test":
-        return ("reproduced" if bool(x) else "not reproduced"), \
-            ("came out as claimed" if bool(x) else "came out against the claim")
-    if r.kind == "restore":
-        return _judge_restore(c, x)
-    if r.kind == "cause":
-        return _judge_cause(x)
-    if r.kind == "share_ci":
-        return _judge_share_ci(c, x)
-    if r.kind == "restore_ci":
-        return _judge_restore_ci(c, x)
-    if r.kind == "cause_outcomes":
-        return _judge_cause_outcomes(x)
-    raise ValueError(f"claim {c.id}: unknown rule kind {r.kind!r}")
+    if r.kind not in _JUDGES:
+        raise ValueError(f"claim {c.id}: unknown rule kind {r.kind!r}")
+    return _JUDGES[r.kind](c, x)
+
+
+def _judge_window(c: Claim, x: float) -> tuple[str, str]:
+    r = c.rule
+    ok = r.lo <= float(x) <= r.hi
+    return ("reproduced" if ok else "not reproduced"), f"{float(x):.4g} {'inside' if ok else 'outside'} " \
+        f"[{r.lo:.4g}, {r.hi:.4g}]"
+
+
+def _judge_audit(c: Claim, x: bool) -> tuple[str, str]:
+    return ("reproduced" if bool(x) else "contradicted by an audit"), \
+        ("the statement holds" if bool(x) else "the statement fails")
+
+
+def _judge_test(c: Claim, x: bool) -> tuple[str, str]:
+    return ("reproduced" if bool(x) else "not reproduced"), \
+        ("came out as claimed" if bool(x) else "came out against the claim")
 
 
 def _judge_restore(c: Claim, x: tuple[int, int]) -> tuple[str, str]:
@@ -854,3 +849,10 @@ def _judge_edge(c: Claim, edges: Mapping[str, int]) -> tuple[str, str]:
     if hi_max < lo_min:
         return "not reproduced", f"stable rates counted from the smallest: {shown}; every {'/'.join(low)} edge above"
     return UNRESOLVED, f"stable rates counted from the smallest: {shown}; the edges overlap or tie"
+
+
+#: How each kind of rule (:class:`Rule`'s ``kind``) judges a rebuilt value: ``(claim, value) -> (verdict, why)``.
+_JUDGES = {"window": _judge_window, "audit": _judge_audit, "order": _judge_order, "edge": _judge_edge,
+           "test": _judge_test, "restore": _judge_restore, "cause": lambda c, x: _judge_cause(x),
+           "share_ci": _judge_share_ci, "restore_ci": _judge_restore_ci,
+           "cause_outcomes": lambda c, x: _judge_cause_outcomes(x)}
