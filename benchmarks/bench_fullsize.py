@@ -78,17 +78,15 @@ def make_config(args) -> dict:
 
 
 def _data(args, cfg):
-    """The token data: prepared by mwm.data into <workdir>/data, or random ids."""
-    import mwm.train.loop
-
+    """The token data the runs take (``Run(data=...)``): random ids, or None after preparing the
+    config's data with mwm.data into <workdir>/data (the run then reads it)."""
     if args.data == "random":
-        data = RandomTokens(min(args.vocab, 50257), 200_000)
-        mwm.train.loop.resolve_data = lambda cfg: data
-        return
+        return RandomTokens(min(args.vocab, 50257), 200_000)
     from mwm.data import dataset_dir, prepare_dataset
 
     if not (dataset_dir(cfg["data"]) / "meta.json").exists():
         prepare_dataset(cfg["data"], num_proc=1)
+    return None
 
 
 def run_one(args, assignment: str, out: Path) -> dict:
@@ -100,8 +98,7 @@ def run_one(args, assignment: str, out: Path) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = make_config(args)
-    resolve_data = T.resolve_data
-    _data(args, cfg)
+    data = _data(args, cfg)
     timers = {"spectral": 0.0, "attention": 0.0, "eval": 0.0}
 
     def timed(name, fn):
@@ -119,7 +116,7 @@ def run_one(args, assignment: str, out: Path) -> dict:
     retraction = cfg["train"]["dgram_retraction"]
     try:
         wall0 = time.perf_counter()
-        run = T.Run(cfg, assignment, 0, retraction, out)
+        run = T.Run(cfg, assignment, 0, retraction, out, data=data)
         banks = sorted({tuple(p.shape) for g in (run.opts.muon.param_groups if run.opts.muon else [])
                         for p in g["params"]})
         train_step = run.train_step
@@ -140,7 +137,7 @@ def run_one(args, assignment: str, out: Path) -> dict:
         run.save_checkpoint()  # timed alone: the same save the preemption made
         save_s = time.perf_counter() - t0
 
-        run2 = T.Run(cfg, assignment, 0, retraction, out)
+        run2 = T.Run(cfg, assignment, 0, retraction, out, data=data)
         t0 = time.perf_counter()
         start = run2.try_resume()
         load_s = time.perf_counter() - t0
@@ -157,7 +154,6 @@ def run_one(args, assignment: str, out: Path) -> dict:
         attention_rows = (run2.dir / "attention.csv").read_text().splitlines()
     finally:
         T.spectral_stats, T.attention_stats, T.Run.evaluate = spectral, attention, evaluate
-        T.resolve_data = resolve_data
     steps = run2.step_times
     return {
         "assignment": assignment, "params": run2.model.num_params(), "banks": banks,

@@ -81,12 +81,12 @@ def cost(config: str, assignments: list[str], steps: int, repeats: int) -> None:
 
     torch.set_num_threads(1)
     cfg = load_config(config)
-    T.resolve_data = lambda c: RandomTokens(cfg["model"]["vocab_size"] or 2048, 200_000)
+    data = RandomTokens(cfg["model"]["vocab_size"] or 2048, 200_000)
     every = cfg["train"]["eval_interval"]
     print(f"{config}: measuring at every {every} steps; one thread; {steps} timed steps, {repeats} measurements")
     for a in assignments:
         with tempfile.TemporaryDirectory() as tmp:
-            run = T.Run(cfg, a, 0, cfg["train"]["dgram_retraction"], Path(tmp))
+            run = T.Run(cfg, a, 0, cfg["train"]["dgram_retraction"], Path(tmp), data=data)
             run.open_logs(0)
             run.step = 1  # a step that measures nothing
             times = []
