@@ -8,6 +8,7 @@ import numpy as np
 import yaml
 
 import mwm.train.cli
+from mwm.config import load_config
 import mwm.train.loop
 import importlib.util
 import os
@@ -133,3 +134,34 @@ def alias_bomb(levels: int = 9, width: int = 9) -> str:
         lines.append(f"x{i}: &x{i} [" + ", ".join([f"*x{i - 1}"] * width) + "]")
     lines.append(f"train: {{batch_size: *x{levels - 1}}}")
     return "\n".join(lines) + "\n"
+
+
+# -- helpers the training tests share ---------------------------------------------------------
+LOSS_COLS = ("step", "train_loss", "lr", "muon_lr")
+
+
+def run_inprocess(tmp_path, assignment="hetero", seed=0, out="out", **over):
+    """``python -m mwm.train`` in this process on a tiny config with ``over``; its code and run folder."""
+    cfg_path = write_config(tmp_path / "tiny.yaml", **over)
+    rc = mwm.train.cli.main(["--config", str(cfg_path), "--assignment", assignment, "--seed", str(seed),
+                             "--out", str(tmp_path / out)])
+    return rc, tmp_path / out / "runs" / "tiny" / assignment / f"seed{seed}"
+
+
+def csv_cols(path, cols):
+    """The ``cols`` of a CSV log, row by row, as text."""
+    import csv
+
+    with open(path) as fh:
+        return [tuple(r[c] for c in cols) for r in csv.DictReader(fh)]
+
+
+def metric_rows(d):
+    """The loss columns of a run's metrics.csv."""
+    return csv_cols(d / "metrics.csv", LOSS_COLS)
+
+
+def tiny_run(tmp_path, assignment="hetero", **over):
+    """A built (not started) Run of a tiny config with ``over``."""
+    cfg = load_config(write_config(tmp_path / "tiny.yaml", **over))
+    return mwm.train.loop.Run(cfg, assignment, 0, "paper", tmp_path / "out")
