@@ -329,3 +329,32 @@ def test_a_float_setting_past_what_a_run_can_compute_is_refused_at_load(override
     with pytest.raises(ConfigError, match=re.escape(says)):
         load_config(ROOT / "config" / "ci.yaml", [override])
     load_config(ROOT / "config" / "ci.yaml", ["train.attn_qk_scale=44"])
+
+
+def test_an_arm_declared_once_reads_as_the_three_declarations_it_replaces():
+    """grid.arms: an intervention arm written once is the config its custom, train_overrides and
+    intervention entries made; validation is idempotent; an arm those keys give otherwise, or a base
+    that names no manifolds, is refused naming the key."""
+    raw = yaml.safe_load((ROOT / "config" / "ci-mechanism3.yaml").read_text())
+    cfg = validate(raw, "ci-mechanism3.yaml")
+    g = cfg["grid"]
+    assert g["assignments"] == ["stiefel", "dgram", "dgram-admm", "dgram-qk"]
+    assert g["custom"]["dgram-qk"] == {"*.attn.*": "dgram", "*.mlp.*": "dgram"}
+    assert g["train_overrides"]["dgram-qk"] == {"attn_qk_scale": 4.0} and g["intervention"]["dgram-admm"] == "dgram"
+    assert validate(cfg) == cfg  # a validated config validates to itself (the run configs are validated again)
+    spelled = yaml.safe_load((ROOT / "config" / "ci-mechanism3.yaml").read_text())
+    arms = spelled["grid"].pop("arms")
+    spelled["grid"]["assignments"] += list(arms)
+    spelled["grid"]["custom"] = {a: {"*.attn.*": "dgram", "*.mlp.*": "dgram"} for a in arms}
+    spelled["grid"]["train_overrides"] = {a: arm["train"] for a, arm in arms.items()}
+    spelled["grid"]["intervention"] = {a: arm["base"] for a in arms for arm in [arms[a]]}
+    old = validate(spelled)
+    assert {k: v for k, v in old["grid"].items() if k != "arms"} == {k: v for k, v in g.items() if k != "arms"}
+    clash = yaml.safe_load((ROOT / "config" / "ci-mechanism3.yaml").read_text())
+    clash["grid"]["train_overrides"] = {"dgram-qk": {"attn_qk_scale": 2.0}}
+    with pytest.raises(ConfigError, match=r"grid.train_overrides.dgram-qk is given as well as grid.arms.dgram-qk"):
+        validate(clash, "x.yaml")
+    bad = yaml.safe_load((ROOT / "config" / "ci-mechanism3.yaml").read_text())
+    bad["grid"]["arms"]["dgram-qk"]["base"] = "adamw"
+    with pytest.raises(ConfigError, match=r"grid.arms.dgram-qk.base: 'adamw' is neither a named assignment"):
+        validate(bad, "x.yaml")

@@ -42,6 +42,7 @@ __all__ = [
     "SCHEMA_DIR",
     "load_schema",
     "validate",
+    "expand_arms",
     "load_config",
     "apply_overrides",
     "config_hash",
@@ -367,6 +368,37 @@ def validate(cfg: dict, source: str = "<config>") -> dict:
             lines.append(f"  {_path(e)}: {msg} (value: {value})")
         more = f"\n  ... and {len(errors) - 10} more" if len(errors) > 10 else ""
         raise ConfigError(f"invalid config {source}:\n" + "\n".join(lines) + more)
+    return expand_arms(cfg, source)
+
+
+def expand_arms(cfg: dict, source: str = "<config>") -> dict:
+    """``cfg`` with each ``grid.arms`` entry written out where the grid's readers look: the arm in
+    ``assignments`` (after the others, unless listed), ``custom`` (its base's patterns: a named base's
+    attention and MLP manifolds, or a custom base's table), ``train_overrides`` (its ``train``) and
+    ``intervention`` (its base). Idempotent: an arm already written out the same way is left; one those
+    keys give otherwise is a ConfigError naming it."""
+    grid = cfg["grid"]
+    for arm, spec in grid.get("arms", {}).items():
+        base = spec["base"]
+        if base in names.NAMED_ASSIGNMENTS and names.NAMED_ASSIGNMENTS[base] is not None:
+            attn, mlp = names.NAMED_ASSIGNMENTS[base]
+            patterns = {"*.attn.*": attn, "*.mlp.*": mlp}
+        elif base in grid["custom"] and base not in grid.get("arms", {}):
+            patterns = dict(grid["custom"][base])
+        else:
+            raise ConfigError(f"invalid config {source}: grid.arms.{arm}.base: {base!r} is neither a named assignment "
+                              f"with manifolds ({', '.join(k for k, v in names.NAMED_ASSIGNMENTS.items() if v)}) "
+                              "nor a name of grid.custom")
+        want = {"custom": patterns, "train_overrides": dict(spec["train"]), "intervention": base}
+        for key, value in want.items():
+            given = grid[key].get(arm)
+            if given is not None and given != value:
+                raise ConfigError(f"invalid config {source}: grid.{key}.{arm} is given as well as grid.arms.{arm}, "
+                                  f"and differs ({given!r}, the arm's {value!r}): declare the arm once, "
+                                  "under grid.arms")
+            grid[key][arm] = value
+        if arm not in grid["assignments"]:
+            grid["assignments"].append(arm)
     return cfg
 
 
