@@ -368,5 +368,6 @@ class Manifold:
 
 
 def get_manifold(name: str, retraction: str = "paper", polar: str | None = None) -> Manifold:
-    """Look a manifold up by name (``stiefel``, ``dgram``, ``oblique``); ``polar`` None is ``eigh``."""
-    return Manifold(name, retraction, polar or "eigh")
+    """Look a manifold up by name (``stiefel``, ``dgram``, ``oblique``); ``polar`` None is the default
+    solve (a param group or config without the key)."""
+    return Manifold(name, retraction, polar or Manifold.polar)

@@ -56,11 +56,6 @@ __all__ = ["ManifoldMuon", "MUON_MANIFOLDS", "momentum_direction", "muon_update"
 MUON_MANIFOLDS = ("none",) + MANIFOLDS
 
 
-def _polar(group: dict) -> str:
-    """A group's DGram polar solve; ``eigh`` where the group predates the key (an older checkpoint's
-    param groups replace the new ones on load)."""
-    return group.get("dgram_polar") or "eigh"
-
 
 class ManifoldMuon(torch.optim.Optimizer):
     """Muon with optional manifold constraints, batched over banks of equal shapes.
@@ -96,7 +91,7 @@ class ManifoldMuon(torch.optim.Optimizer):
             raise TypeError(f"ManifoldMuon's solver is a SolverSettings, got {type(solver).__name__}")
         defaults = dict(
             lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
-            dgram_retraction=dgram_retraction, dgram_polar=dgram_polar or "eigh", manifold=manifold, names=None,
+            dgram_retraction=dgram_retraction, dgram_polar=dgram_polar, manifold=manifold, names=None,
             **solver.group(),
         )
         super().__init__(params, defaults)
@@ -112,7 +107,7 @@ class ManifoldMuon(torch.optim.Optimizer):
                     f"param group {gi}: unknown dgram_retraction {group['dgram_retraction']!r}; "
                     f"choose one of {', '.join(DGRAM_RETRACTIONS)}"
                 )
-            if _polar(group) not in POLARS:
+            if group.get("dgram_polar") not in (None, *POLARS):
                 raise ValueError(f"param group {gi}: unknown dgram_polar {group['dgram_polar']!r}; "
                                  f"choose one of {', '.join(POLARS)}")
             try:
@@ -141,7 +136,7 @@ class ManifoldMuon(torch.optim.Optimizer):
         for group in self.param_groups:
             if group["manifold"] == "none":
                 continue
-            mf = get_manifold(group["manifold"], group["dgram_retraction"], _polar(group))
+            mf = get_manifold(group["manifold"], group["dgram_retraction"], group.get("dgram_polar"))
             for params in _banks(group["params"], pad=False).values():
                 W = torch.stack([_tall(_work(p)) for p in params])
                 for p, w in zip(params, mf.init(W)):
@@ -357,13 +352,15 @@ def muon_update(W: torch.Tensor, U: torch.Tensor, group: dict, manifolds: list[s
     if check is not None:
         check(pre, "weight before the retraction")
     prec = settings.precision
+    # .get: an older checkpoint's param groups, which replace these on load, lack the key (the default solve)
+    retraction, polar = group["dgram_retraction"], group.get("dgram_polar")
     if len(kinds) == 1:
-        W = get_manifold(kinds[0], group["dgram_retraction"], _polar(group)).retract(pre, precision=prec)
+        W = get_manifold(kinds[0], retraction, polar).retract(pre, precision=prec)
     else:
         W = torch.empty_like(pre)
         for name in kinds:
             idx = _index_of(tuple(manifolds), name, pre.device)
-            W[idx] = get_manifold(name, group["dgram_retraction"], _polar(group)).retract(pre[idx], precision=prec)
+            W[idx] = get_manifold(name, retraction, polar).retract(pre[idx], precision=prec)
     cap = group.get("sigma_cap")
     if cap is not None:  # a group of DGram attention or MLP weights under an intervention's cap (mwm.plan.variants)
         W = cap_column_norms(W, cap)
