@@ -125,21 +125,23 @@ def test_planted_pickle_checkpoint_is_refused_and_runs_no_code(tmp_path, fake_da
     assert rc == 2 and "weights only" in capsys.readouterr().err
 
 
-def test_real_checkpoints_load_as_weights_only(tmp_path, fake_data):
-
+def _saved_at_step_4(tmp_path, assignment):
+    """A tiny run's checkpoint written at step 4: the run and the checkpoint read back as weights only."""
     cfg = load_config(fakedata.write_config(tmp_path / "tiny.yaml"))
-    run = Run(cfg, "hetero", 0, "paper", tmp_path / "out")
+    run = Run(cfg, assignment, 0, "paper", tmp_path / "out")
     run.open_logs(0)
     run.step = 4
     run.save_checkpoint()
-    ck = torch.load(run.ckpt_path, weights_only=True)
+    return run, torch.load(run.ckpt_path, weights_only=True)
+
+
+def test_real_checkpoints_load_as_weights_only(tmp_path, fake_data):
+    _, ck = _saved_at_step_4(tmp_path, "hetero")
     assert ck["step"] == 4
 
 
 @pytest.mark.slow
 def test_sigint_checkpoints_like_sigterm(tmp_path):
-    from mwm.train.loop import EXIT_PREEMPTED
-
     cfg = fakedata.write_config(tmp_path / "tiny.yaml", train__max_iters=5000, train__lr_decay_iters=5000,
                                 train__eval_interval=5000, train__checkpoint_interval=5000)
     out = tmp_path / "out"
@@ -157,12 +159,7 @@ def test_sigint_checkpoints_like_sigterm(tmp_path):
 def test_a_checkpoint_short_of_a_key_is_a_one_line_error_naming_it(tmp_path, fake_data, capsys, monkeypatch, drop):
     from mwm.train.folder import RunFolder
 
-    cfg = load_config(fakedata.write_config(tmp_path / "tiny.yaml"))
-    run = Run(cfg, "none", 0, "paper", tmp_path / "out")
-    run.open_logs(0)
-    run.step = 4
-    run.save_checkpoint()
-    ck = torch.load(run.ckpt_path, weights_only=True)
+    run, ck = _saved_at_step_4(tmp_path, "none")
     assert set(ck) == {*Run.CHECKPOINT_KEYS, *Run.OPTIONAL_KEYS}  # the list the check reads is what it holds
     if drop == "a model weight":
         del ck["model"][next(iter(ck["model"]))]

@@ -111,8 +111,6 @@ def test_bad_seed_and_output_roots_are_refused_before_the_run(tmp_path, monkeypa
 @pytest.mark.parametrize("args,needle", [(["--seed", "-1"], "--seed"), (["--threads", "-1"], "--threads"),
                                          (["--threads", "0"], "--threads")])
 def test_negative_seed_and_threads_are_refused(tmp_path, fake_data, capsys, args, needle):
-    from mwm.train.cli import main
-
     cfg = fakedata.write_config(tmp_path / "tiny.yaml")
     argv = ["--config", str(cfg), "--assignment", "none", "--seed", "0", "--out", str(tmp_path / "o")] + args
     with pytest.raises(SystemExit) as exc:

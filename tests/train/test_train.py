@@ -122,7 +122,7 @@ def test_custom_pattern_assignment(tmp_path):
     assert got["transformer.h.1.mlp.c_fc.weight"] == "dgram"
 
 
-# ------------------------------------------------------------------ subprocess: kill and resume
+# ------------------------------------------------------------------ subprocess: two ranks
 # Square matrices are left to plain Muon here: for a square W the dual ascent amplifies
 # float rounding (a different all-reduce order) to ~0.1 of the update (docs/findings.md), which would
 # test that chaos rather than the sharding. Tall and wide manifold banks are sharded.
@@ -173,7 +173,7 @@ def test_summary_records_the_run_identity_it_hashes(tmp_path):
     assert s["config_hash"] == config_hash(s["identity"])
 
 
-# -- interrupted reruns, checkpoints, command line, signals ----------
+# -- interrupted reruns and stale logs ----------
 
 @pytest.mark.slow
 def test_interrupted_rerun_leaves_no_summary_the_logs_do_not_back(tmp_path):
@@ -205,8 +205,6 @@ def test_stale_logs_without_header_start_the_run_afresh(tmp_path, fake_data):
     """A checkpoint whose logs do not reach it (here: metrics.csv without its header, in the
     run folder and beside the checkpoint, as after two processes wrote one run folder) starts
     the run afresh: the stale logs and checkpoint are moved aside, the run completes as a fresh one would."""
-    from mwm.train.loop import Run
-
     cfg = load_config(fakedata.write_config(tmp_path / "tiny.yaml"))
     run = Run(cfg, "none", 0, "paper", tmp_path / "out")
     run.open_logs(0)
@@ -264,8 +262,6 @@ def test_stale_logs_without_a_checkpoint_do_not_fail_the_run(tmp_path, fake_data
 
 
 def test_a_factorization_that_breaks_in_an_exploding_run_marks_it_unstable(tmp_path, fake_data, monkeypatch):
-    from mwm.train.loop import Run
-
     real = Run.train_step
 
     def step(self):
