@@ -625,6 +625,8 @@ def parse(argv=None):
                     help="the device's bf16 dense peak (default: looked up from its name)")
     ap.add_argument("--out", default=None, help="folder for the runs' files (default: a temporary one)")
     ap.add_argument("--json", default=None, help="write the results to this JSON file, after every assignment")
+    ap.add_argument("--plan", action="store_true",
+                    help="print the order and shares this command line would run with, and exit (no torch)")
     ap.add_argument("--no-retraction", dest="retraction", action="store_false",
                     help="skip the DGram retraction row (the model's banks, against the released float32 SVD)")
     args = ap.parse_args(argv)
@@ -727,8 +729,23 @@ def run(args) -> tuple[dict, list[dict]]:
     return st, results
 
 
+def plan_line(args) -> str:
+    """The schedule in one line, from the constants :func:`run` follows (``scripts/gpu_check.sh`` prints
+    it before anything runs)."""
+    first = (f"the DGram retraction row (eigh and newton-schulz, at most {RETRACTION_SHARE:.0%} of the "
+             f"budget), then " if args.retraction else "")
+    rows = " ".join(args.assignments)
+    kept = ", each started only when it and none (every ratio's base) both fit" if "none" in args.assignments else ""
+    exercise = (f"; the exercise row with {args.exercise}" if args.exercise in args.assignments
+                else "; no exercise row")
+    return f"{first}the rows {rows}{kept}; up to {args.steps} timed steps a row after {args.warmup} warm-up{exercise}"
+
+
 def main(argv=None) -> int:
     args = parse(argv)
+    if args.plan:
+        print(plan_line(args))
+        return 0
     st, results = run(args)
     print("bench_gpu summary:")  # scripts/gpu_check.sh copies from here into its summary
     if "retraction" in st:

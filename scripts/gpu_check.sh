@@ -134,11 +134,18 @@ if [[ $mode == gpu ]]; then margin=15; else margin=5; fi  # the bench's table an
 markers="gpu and not gpu_full"
 [[ $full -eq 1 ]] && markers=gpu
 tier_limit=$(( $(left) * TIER_SHARE / 100 ))
-rows="dgram hetero hetero-admm stiefel hetero-inv none"
-note "plan for the ${deadline} s deadline ($SECONDS s gone on wheels and imports): the gpu tier ($markers) at most ${tier_limit} s;"
-note "  the bench what is left less ${margin} s: the DGram retraction row (eigh and newton-schulz, at most 12% of"
-note "  its budget), then the rows $rows, each row started only when it and none"
-note "  (every ratio's base) both fit; $([[ $full -eq 1 ]] && echo "the exercise row with hetero" || echo "no exercise row (--full adds it and the tier's compile test)")"
+exercise=(--exercise none-of-them)
+[[ $full -eq 1 ]] && exercise=(--exercise hetero)
+if [[ $mode == gpu ]]; then
+    bench=(--steps 10 --warmup 3)
+else
+    # compiled like the GPU's: the tiny model's cold compile is about the share of this deadline that
+    # GPT-2 small's is of the GPU's, so the rehearsal meets the same schedule
+    bench=(--device cpu --layers 2 --embd 32 --heads 2 --block 32 --vocab 320 --batch 2 --steps 10 --warmup 3
+           --dual-steps 3 --threads 1 --compile)
+fi
+note "plan for the ${deadline} s deadline ($SECONDS s gone on wheels and imports): the gpu tier ($markers) at most ${tier_limit} s$([[ $full -eq 1 ]] || echo " (--full adds its compile test and the exercise row)");"
+note "  bench_gpu in what is left less ${margin} s: $($PY benchmarks/bench_gpu.py "${bench[@]}" "${exercise[@]}" --plan)"
 start=$SECONDS
 MWM_TEST_DEVICE=$device timeout -k 5 $tier_limit $PY -m pytest -q -s -p no:cacheprovider -m "$markers" \
     tests/train/test_gpu.py >"$OUT/gpu_tier.log" 2>&1
@@ -155,16 +162,6 @@ grep -oE "msign bf16 \(.*" "$OUT/gpu_tier.log" | while read -r line; do note "  
 # -- 4. the benchmark: what is left, less a margin for its table and exit -----------------------------
 start=$SECONDS
 limit=$(( $(left) - 5 ))
-exercise=(--exercise none-of-them)
-[[ $full -eq 1 ]] && exercise=(--exercise hetero)
-if [[ $mode == gpu ]]; then
-    bench=(--steps 10 --warmup 3)
-else
-    # compiled like the GPU's: the tiny model's cold compile is about the share of this deadline that
-    # GPT-2 small's is of the GPU's, so the rehearsal meets the same schedule
-    bench=(--device cpu --layers 2 --embd 32 --heads 2 --block 32 --vocab 320 --batch 2 --steps 10 --warmup 3
-           --dual-steps 3 --threads 1 --compile)
-fi
 if [[ $limit -lt $((margin + 20)) ]]; then
     note "bench_gpu: cut by the deadline before it started (${limit} s left)"; cut=1
     echo "not started: ${limit} s left before the deadline" >"$OUT/bench_gpu.log"

@@ -268,3 +268,13 @@ def test_flop_count_follows_the_shapes_and_iterations(bench):
     # ADMM: two msigns an iteration, so 2 iterations cost about 4 of dual ascent's msigns
     admm = bench.update_flops(m, n, "dgram", "admm", 2, 10)
     assert 4 * ms < admm < stiefel / 4
+
+
+def test_the_plan_line_is_the_schedule_the_run_follows(bench, capsys):
+    """--plan prints, without torch, the order and shares run() uses (gpu_check prints it first)."""
+    assert bench.main(["--plan", "--exercise", "none-of-them"]) == 0
+    line = capsys.readouterr().out
+    assert f"at most {bench.RETRACTION_SHARE:.0%} of the budget" in line
+    assert f"the rows {' '.join(bench.ASSIGNMENTS)}, each started only when it and none" in line
+    assert "no exercise row" in line
+    assert "the exercise row with hetero" in bench.plan_line(bench.parse(["--exercise", "hetero"]))

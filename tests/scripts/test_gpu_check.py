@@ -52,6 +52,7 @@ def test_the_first_call_rehearsed_on_cpu_reaches_the_rows_that_matter_first(tmp_
     plan = next(i for i, ln in enumerate(lines) if "plan for the 100 s deadline" in ln)
     tier = next(i for i, ln in enumerate(lines) if "gpu tier on cpu" in ln)
     assert plan < tier and "1 deselected" in lines[tier] and "rc 0" in lines[tier]
+    assert "the rows dgram hetero hetero-admm stiefel hetero-inv none" in lines[plan + 1]  # bench_gpu's own plan
     doc = json.loads((tmp_path / "out" / "bench_gpu.json").read_text())
     rr = doc["settings"]["retraction"]
     assert rr["shapes"] and set(rr["s"]) == {"released-svd", "eigh", "newton-schulz"}
