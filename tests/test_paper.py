@@ -141,6 +141,9 @@ import itertools  # noqa: E402
 
 import pytest  # noqa: E402
 
+#: The second round, whose arms and rates these tests build.
+ROUND2 = paper.ROUNDS["mechanism2"]
+
 CAPS2 = {"any", "mechanism2"}
 
 
@@ -169,7 +172,7 @@ def contrasts(**by):
     """Every (baseline, kind) contrast from cells(): ``by`` maps "baseline|kind" to cells' keywords; the rest
     restore 12 of 12."""
     return {(b, k): paper.mech2_contrast(cells(**by.get(f"{b}|{k}", {"restored": 12, "trained": 12})))
-            for b in paper.MECH2_BASELINES for k in paper.MECH2_KINDS}
+            for b in paper.MECH2_BASELINES for k in ROUND2.kinds}
 
 
 def judged(values, cid, seeds=12, caps=CAPS2):
@@ -179,8 +182,8 @@ def judged(values, cid, seeds=12, caps=CAPS2):
 def test_mech2_claims_exist_for_each_baseline_and_verdicts_are_known():
     ids = {c.id for c in paper.CLAIMS}
     for b in paper.MECH2_BASELINES:
-        assert {f"mech2.fails.{b}", f"mech2.cause.{b}", *(f"mech2.{k}_restores.{b}" for k in paper.MECH2_KINDS)} <= ids
-    assert set(paper.MECH2_PRIMARY) | set(paper.MECH2_SECONDARY) == set(paper.MECH2_KINDS)
+        assert {f"mech2.fails.{b}", f"mech2.cause.{b}", *(f"mech2.{k}_restores.{b}" for k in ROUND2.kinds)} <= ids
+    assert set(ROUND2.primary) | set(ROUND2.secondary) == set(ROUND2.kinds)
     assert paper.NOT_TESTED in paper.VERDICTS and set(paper.CAUSE_VERDICTS) <= set(paper.VERDICTS)
     assert paper.FAIL_MARGIN in paper.FAIL_MARGINS_SENSITIVITY
     mech = [c for c in paper.CLAIMS if c.id.startswith("mech2.")]
@@ -202,31 +205,31 @@ def test_mech2_fails_rule_gives_each_verdict():
 
 
 def test_mech2_restore_rows_give_every_verdict():
-    v = paper.mech_values(paper.ROUND2, contrasts())
+    v = paper.mech_values(ROUND2, contrasts())
     for b in paper.MECH2_BASELINES:
-        for k in paper.MECH2_KINDS:
+        for k in ROUND2.kinds:
             verdict, why = judged(v, f"mech2.{k}_restores.{b}")
             assert verdict == "reproduced" and "12 of 12" in why, why
     assert "over 4 tested primary" in judged(v, "mech2.solver_restores.dgram")[1]
     # does not restore: a finding, judged by the same bounds
-    v = paper.mech_values(paper.ROUND2, contrasts(**{"dgram|solver": {"unrestored": 12}}))
+    v = paper.mech_values(ROUND2, contrasts(**{"dgram|solver": {"unrestored": 12}}))
     assert judged(v, "mech2.solver_restores.dgram")[0] == "not reproduced"
     # in between: not resolved
-    v = paper.mech_values(paper.ROUND2, contrasts(**{"dgram|saturation": {"restored": 6, "unrestored": 6}}))
+    v = paper.mech_values(ROUND2, contrasts(**{"dgram|saturation": {"restored": 6, "unrestored": 6}}))
     assert judged(v, "mech2.saturation_restores.dgram")[0] == paper.UNRESOLVED
     # nothing failed: nothing to restore, not resolved; harm still counted and shown
-    v = paper.mech_values(paper.ROUND2, contrasts(**{"hetero-inv|solver": {"trained": 10, "harmed_unchecked": 2}}))
+    v = paper.mech_values(ROUND2, contrasts(**{"hetero-inv|solver": {"trained": 10, "harmed_unchecked": 2}}))
     verdict, why = judged(v, "mech2.solver_restores.hetero-inv")
     assert verdict == paper.UNRESOLVED and "nothing to restore" in why and "2 of 12" in why
     # checks failed or unknown in most failed cells: not tested, whichever way the runs came out
     for twin in ({"untested": 7, "restored": 5}, {"unknown": 12}):
-        v = paper.mech_values(paper.ROUND2, contrasts(**{"dgram|saturation": twin}))
+        v = paper.mech_values(ROUND2, contrasts(**{"dgram|saturation": twin}))
         assert judged(v, "mech2.saturation_restores.dgram")[0] == paper.NOT_TESTED
         assert judged(v, "mech2.cause.dgram")[0] == paper.NOT_TESTED
-    v = paper.mech_values(paper.ROUND2, contrasts(**{"dgram|solver_attn": {"untested": 12}}))
+    v = paper.mech_values(ROUND2, contrasts(**{"dgram|solver_attn": {"untested": 12}}))
     assert judged(v, "mech2.solver_attn_restores.dgram")[0] == paper.NOT_TESTED
     # the usual gates come first
-    v = paper.mech_values(paper.ROUND2, contrasts())
+    v = paper.mech_values(ROUND2, contrasts())
     assert judged(v, "mech2.solver_restores.dgram", seeds=6)[0] == paper.TOO_FEW
     assert judged(v, "mech2.solver_restores.dgram", caps={"any", "mechanism"})[0] == paper.NC
 
@@ -235,29 +238,29 @@ def test_mech2_holm_runs_over_the_tested_primary_contrasts_only():
     # 10 of 12: p = 0.039, CP lower 0.515: enough alone (secondary), not under Holm when all four tested
     # primary contrasts are 10 of 12 (0.039 > 0.05 / 4 stops the step-down at once)
     ten = {"restored": 10, "unrestored": 2}
-    v = paper.mech_values(paper.ROUND2, contrasts(**{f"{b}|{k}": ten for b in paper.MECH2_BASELINES
-                                                     for k in paper.MECH2_KINDS}))
+    v = paper.mech_values(ROUND2, contrasts(**{f"{b}|{k}": ten for b in paper.MECH2_BASELINES
+                                                     for k in ROUND2.kinds}))
     verdict, why = judged(v, "mech2.solver_restores.dgram")
     assert verdict == paper.UNRESOLVED and "Holm-adjusted" in why and "does not reject" in why
     assert judged(v, "mech2.solver_attn_restores.dgram")[0] == "reproduced"  # no Holm for the secondary one
     # the other three primary contrasts not tested (or nothing to restore): a family of one, rejected at 0.05
-    others = {f"{b}|{k}": {"unknown": 12} for b in paper.MECH2_BASELINES for k in paper.MECH2_PRIMARY}
+    others = {f"{b}|{k}": {"unknown": 12} for b in paper.MECH2_BASELINES for k in ROUND2.primary}
     others["hetero-inv|saturation"] = {"trained": 12}
     others["dgram|solver"] = ten
-    v = paper.mech_values(paper.ROUND2, contrasts(**others))
+    v = paper.mech_values(ROUND2, contrasts(**others))
     verdict, why = judged(v, "mech2.solver_restores.dgram")
     assert verdict == "reproduced" and "over 1 tested primary" in why
     # a secondary contrast never enters the family
     # (a 6-of-12 secondary p = 1 in the family would make it two and stop the step-down at 0.039 > 0.025)
-    alone = {f"{b}|{k}": {"unknown": 12} for b in paper.MECH2_BASELINES for k in paper.MECH2_PRIMARY}
+    alone = {f"{b}|{k}": {"unknown": 12} for b in paper.MECH2_BASELINES for k in ROUND2.primary}
     alone.update({"dgram|solver": ten, "dgram|solver_attn": {"restored": 6, "unrestored": 6}})
-    d = paper.mech_primary_decisions(paper.ROUND2, contrasts(**alone))
+    d = paper.mech_primary_decisions(ROUND2, contrasts(**alone))
     assert d[("dgram", "solver")] == "restores" and len(d) == 4
-    d = paper.mech_primary_decisions(paper.ROUND2, contrasts(**{"dgram|solver": ten, **{
+    d = paper.mech_primary_decisions(ROUND2, contrasts(**{"dgram|solver": ten, **{
         f"{b}|saturation": {"unknown": 12} for b in paper.MECH2_BASELINES}}))
     assert d[("dgram", "solver")] == "restores" and d[("dgram", "saturation")] == paper.NOT_TESTED  # family of two
     with pytest.raises(KeyError):
-        paper.mech_primary_decisions(paper.ROUND2, {("dgram", "solver"): paper.mech2_contrast(cells(restored=12))})
+        paper.mech_primary_decisions(ROUND2, {("dgram", "solver"): paper.mech2_contrast(cells(restored=12))})
 
 
 def test_mech2_cause_gives_every_verdict():
@@ -265,7 +268,7 @@ def test_mech2_cause_gives_every_verdict():
     restores, no = {"restored": 12}, {"unrestored": 12}
 
     def cause(sat, sol, b="dgram"):
-        v = paper.mech_values(paper.ROUND2, contrasts(**{f"{b}|saturation": sat, f"{b}|solver": sol}))
+        v = paper.mech_values(ROUND2, contrasts(**{f"{b}|saturation": sat, f"{b}|solver": sol}))
         return judged(v, f"mech2.cause.{b}")[0]
 
     assert cause(restores, no) == "saturation supported"
@@ -284,8 +287,8 @@ def test_mech2_cause_gives_every_verdict():
 def test_no_mech2_rule_can_only_pass():
     """For every mech2 row some made-up input gives "reproduced" and some gives a verdict besides it (besides the
     gates: too few seeds and not comparable)."""
-    inputs = [paper.mech_values(paper.ROUND2, contrasts(**{f"{b}|{k}": twin for b in paper.MECH2_BASELINES
-                                              for k in paper.MECH2_KINDS}))
+    inputs = [paper.mech_values(ROUND2, contrasts(**{f"{b}|{k}": twin for b in paper.MECH2_BASELINES
+                                              for k in ROUND2.kinds}))
               for twin in ({"restored": 12}, {"unrestored": 12}, {"unknown": 12}, {"restored": 6, "unrestored": 6},
                            {"trained": 12, "harmed": 12})]
     for c in paper.CLAIMS:

@@ -38,7 +38,8 @@ singular values) or through an inner solve that loses the momentum as DGram weig
 arms were committed before its first run.
 
 The ``mech2.*`` and ``mech3.*`` rows are the second and third pre-registered experiments
-(``config/mechanism2.yaml``, ``config/mechanism3.yaml``; :data:`ROUNDS`),
+(``config/mechanism2.yaml``, ``config/mechanism3.yaml``; :data:`ROUNDS`, each round declared in
+its experiment's module, :mod:`mwm.experiments.mechanism2` and ``mechanism3``),
 asked of each DGram-attention baseline on its own (:data:`MECH2_BASELINES`) with exact
 binomial statistics instead of fixed shares: over the (rate, seed) cells where the plain arm
 failed, does a fixed inner solve (``solver``; on attention only, ``solver_attn``, secondary) or
@@ -46,10 +47,10 @@ attention on unit-norm queries and keys at a fixed scale (``saturation``) make i
 cell counts only where the intervention's manipulation check passed; a contrast is "not
 tested" when it failed or is unknown in more than :data:`CHECK_SHARE` of them. The share
 restored is judged by its Clopper-Pearson interval against :data:`RESTORE_NULL`, and the four
-primary contrasts (:data:`MECH2_PRIMARY` x baselines) also by Holm's step-down over those
+primary contrasts (the round's ``primary`` kinds x baselines) also by Holm's step-down over those
 tested (:func:`mech_primary_decisions`); the report passes :func:`mech_values` to
 :func:`judge`. Harm (the intervention failing where the plain arm trained) is counted and shown.
-Round 3 (:data:`ROUND3`) runs one rate where its pilot saw both baselines fail, its solver arm is the
+Round 3 runs one rate where its pilot saw both baselines fail, its solver arm is the
 normalized ADMM, and its solver check must hold in attention and in the MLP apart.
 
 Sections: 2 "Scaling the dual ascent to 768x768", 3 "Retraction absorbs dual ascent
@@ -65,6 +66,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from mwm.experiments import EXPERIMENTS, MechRound
 from mwm.stats import binomial_p, clopper_pearson, holm, holm_adjusted
 
 __all__ = ["VERDICTS", "NC", "TOO_FEW", "Rule", "Claim", "CLAIMS", "claim", "judge", "alpha_numbers",
@@ -73,9 +75,8 @@ __all__ = ["VERDICTS", "NC", "TOO_FEW", "Rule", "Claim", "CLAIMS", "claim", "jud
            "STIEFEL_ATTENTION", "SHARED_RATE_FACTOR", "FAIL_MARGIN", "RESTORE_SHARE", "MIN_FAILED_CELLS", "FAIL_SHARE",
            "CAUSE_VERDICTS", "HETEROINV_OSCILLATION", "NONE_MLP_PEAK", "MSIGN_OVERHEAD", "NOT_TESTED",
            "RESTORE_NULL", "CI_LEVEL", "FAIL_MARGINS_SENSITIVITY",
-           "CHECK_SHARE", "MECH2_BASELINES", "MECH2_PRIMARY", "MECH2_SECONDARY", "MECH2_KINDS", "MECH2_RATES",
-           "MECH2_OUTCOMES", "mech2_contrast", "mech2_outcome", "mech_primary_decisions", "mech_values", "INCOMPLETE",
-           "MechRound", "ROUND2", "ROUND3", "ROUNDS"]
+           "CHECK_SHARE", "MECH2_BASELINES", "MECH2_OUTCOMES", "mech2_contrast", "mech2_outcome",
+           "mech_primary_decisions", "mech_values", "INCOMPLETE", "ROUNDS"]
 
 NC = "not comparable at this scale"
 TOO_FEW = "too few seeds"
@@ -141,15 +142,6 @@ FAIL_SHARE = 0.5
 FAIL_MARGINS_SENSITIVITY = (0.3, FAIL_MARGIN, 1.0)
 #: Each baseline is its own experiment: All DGram, and Hetero-inv (DGram attention + Stiefel MLP).
 MECH2_BASELINES = ("dgram", "hetero-inv")
-#: The interventions: a fixed inner solve on every constrained matrix, on attention only (secondary), and
-#: attention logits from unit-norm queries and keys at a fixed scale (no softmax saturation, weights and solve
-#: untouched).
-MECH2_KINDS = ("solver", "solver_attn", "saturation")
-#: The Holm family: these kinds x MECH2_BASELINES (four contrasts); the others are judged at CI_LEVEL alone.
-MECH2_PRIMARY = ("solver", "saturation")
-MECH2_SECONDARY = ("solver_attn",)
-#: The step sizes of its (rate, seed) cells; mech2.fails reads the largest.
-MECH2_RATES = (2.56, 5.12)
 #: The share restored is tested against this (and mech2.fails' failed share against FAIL_SHARE).
 RESTORE_NULL = 0.5
 #: Two-sided Clopper-Pearson intervals at this level; 1 - CI_LEVEL is the Holm family's alpha.
@@ -159,31 +151,6 @@ CI_LEVEL = 0.95
 CHECK_SHARE = 0.5
 #: A contrast's outcome (mech2_outcome), as the cause rows read it.
 MECH2_OUTCOMES = ("restores", "does not restore", UNRESOLVED, NOT_TESTED)
-
-
-@dataclass(frozen=True)
-class MechRound:
-    """One pre-registered round of the per-baseline mechanism experiment: the ``<prefix>.*`` rows, decided by
-    the same procedure (:func:`mech2_contrast`, :func:`mech_values`) over its own arms, rates and checks.
-
-    ``kinds``: its interventions, the ``primary`` ones in Holm's family (x :data:`MECH2_BASELINES`);
-    ``rates``: the step sizes of its (rate, seed) cells (``<prefix>.fails`` reads the largest);
-    ``per_kind_check``: the solver check must hold in attention and in the MLP apart (else pooled);
-    ``arms``: what each kind's arm does, as the rules say it."""
-
-    prefix: str
-    report: str
-    rebuild: str
-    rates: tuple[float, ...]
-    min_seeds: int
-    kinds: tuple[str, ...]
-    primary: tuple[str, ...]
-    per_kind_check: bool
-    arms: Mapping[str, str]
-
-    @property
-    def secondary(self) -> tuple[str, ...]:
-        return tuple(k for k in self.kinds if k not in self.primary)
 
 
 def paper_fit_alpha(n: float) -> float:
@@ -241,30 +208,16 @@ _P = "config/paper.yaml (GPT-2 small, OpenWebText, 50k steps)"
 _L = "config/long.yaml (or paper scale)"
 _S = "config/sweep.yaml (a learning-rate sweep, >= 3 seeds)"
 _M = "config/mechanism.yaml (the pre-registered causal experiment, >= 6 seeds)"
-_M2 = "config/mechanism2.yaml (the second pre-registered mechanism experiment, 12 seeds per baseline)"
 _ABS = ("config/config.yaml or paper.yaml (the paper's absorption protocol: 200 reference iterations, T = 20, "
         "T = 5 vs 100)")
 
 _MECH2_LABEL = {"dgram": "All DGram", "hetero-inv": "Hetero-inv (DGram attention, Stiefel MLP)"}
-_MECH2_ARM = {"solver": "a fixed inner solve on every constrained matrix",
-              "solver_attn": "a fixed inner solve on attention only",
-              "saturation": "attention logits from unit-norm queries and keys at a fixed scale, weights and "
-                            "inner solve untouched"}
 _MECH2_FAILED = (f"failed: not completed, or final val loss > the worse of All Stiefel / Hetero at the same rate and "
                  f"seed + {FAIL_MARGIN:g} nats")
 
-#: The second round (config/mechanism2.yaml; rules in 98b3c03, before its config).
-ROUND2 = MechRound("mech2", "mechanism2", _M2, MECH2_RATES, 12, MECH2_KINDS, MECH2_PRIMARY, False, _MECH2_ARM)
-_M3 = ("config/mechanism3.yaml (the third pre-registered mechanism experiment: one rate, 12 seeds per baseline, "
-       "the solver check per module kind)")
-#: The third round (config/mechanism3.yaml): the rate and seed count its pilot chose (docs/mechanism.md, "Round
-#: 3"), a solver arm that passes its check in attention and in the MLP, and no attention-only arm.
-ROUND3 = MechRound("mech3", "mechanism3", _M3, (10.24,), 12, ("solver", "saturation"), ("solver", "saturation"), True,
-                   {"solver": "the scale-normalized inner solve by ADMM (rho 1, 10 iterations) on every constrained "
-                              "matrix",
-                    "saturation": _MECH2_ARM["saturation"]})
-#: Every round, by its report (``workflow.report``).
-ROUNDS = {r.report: r for r in (ROUND2, ROUND3)}
+#: Every round of the per-baseline mechanism experiment, by its report (``workflow.report``): each is declared
+#: in its experiment's module (:mod:`mwm.experiments`), and :func:`_mech_claims` writes its rows.
+ROUNDS = {name: e.round for name, e in EXPERIMENTS.items() if e.round is not None}
 
 
 def _mech_restore_text(rnd: MechRound, b: str, kind: str) -> str:

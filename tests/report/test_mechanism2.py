@@ -16,6 +16,9 @@ from mwm.report.mechanism2 import (arm_kind, contrast_rows, mechanism2_contrasts
 from mwm.train import manipulation
 from mwm.plan.variants import sweep_points
 
+#: The second round, whose arms and rates these tests build.
+ROUND2 = paper.ROUNDS["mechanism2"]
+
 ROOT = Path(__file__).resolve().parents[2]
 CFG = load_config(ROOT / "config" / "mechanism2.yaml")
 SEEDS = CFG["grid"]["seeds"]
@@ -77,7 +80,7 @@ def verdicts(res, cfg=CFG):
 
 def test_the_arms_of_the_config_are_the_kinds_the_rules_name():
     kinds = {(base(c), kind(c)) for c in CFG["grid"]["intervention"]}
-    assert kinds == {(b, k) for b in paper.MECH2_BASELINES for k in paper.MECH2_KINDS}
+    assert kinds == {(b, k) for b in paper.MECH2_BASELINES for k in ROUND2.kinds}
     assert kind("dgram") is None and kind("stiefel") is None
 
 
@@ -137,7 +140,7 @@ def test_harm_is_counted_where_the_plain_arm_trained_and_does_not_decide_the_ver
 def test_nothing_failing_leaves_every_contrast_unresolved():
     v = verdicts(world(fails=lambda rate: False))
     assert v["mech2.fails.dgram"] == "not reproduced"
-    assert {v[f"mech2.{k}_restores.{b}"] for b in paper.MECH2_BASELINES for k in paper.MECH2_KINDS} == {
+    assert {v[f"mech2.{k}_restores.{b}"] for b in paper.MECH2_BASELINES for k in ROUND2.kinds} == {
         paper.UNRESOLVED}
     assert {v[f"mech2.cause.{b}"] for b in paper.MECH2_BASELINES} == {paper.UNRESOLVED}
 
@@ -175,7 +178,7 @@ def test_the_tables_show_every_margin_and_every_cell(tmp_path):
     mechanism2_tables(CFG, run_set, res, tmp_path)
     margins = pd.read_csv(tmp_path / "table_mechanism2_margins.csv")
     assert sorted(set(margins.margin)) == sorted(paper.FAIL_MARGINS_SENSITIVITY)
-    assert len(margins) == len(paper.FAIL_MARGINS_SENSITIVITY) * len(paper.MECH2_BASELINES) * len(paper.MECH2_KINDS)
+    assert len(margins) == len(paper.FAIL_MARGINS_SENSITIVITY) * len(paper.MECH2_BASELINES) * len(ROUND2.kinds)
     table = pd.read_csv(tmp_path / "table_mechanism2.csv")
     assert len(table) == len(sweep_points(CFG["grid"])) and {f"seed {s}" for s in SEEDS} <= set(table.columns)
     contrasts = pd.read_csv(tmp_path / "table_mechanism2_contrasts.csv")
@@ -198,9 +201,9 @@ def test_the_mechanism2_configs_use_fresh_seeds_and_the_rules_rates(name):
     assert len(cfg["grid"]["seeds"]) >= 12 and not set(cfg["grid"]["seeds"]) & others
     assert {"stiefel", "hetero", *paper.MECH2_BASELINES} <= set(cfg["grid"]["assignments"])
     present = {(cfg["grid"]["intervention"][c], arm_kind(cfg["grid"], c)) for c in cfg["grid"]["intervention"]}
-    assert present == {(b, k) for b in paper.MECH2_BASELINES for k in paper.MECH2_KINDS}
+    assert present == {(b, k) for b in paper.MECH2_BASELINES for k in ROUND2.kinds}
     if name == "mechanism2":
-        assert tuple(cfg["grid"]["sweep"]["muon_lr"]) == paper.MECH2_RATES
+        assert tuple(cfg["grid"]["sweep"]["muon_lr"]) == ROUND2.rates
 
 
 def test_a_solver_arm_may_change_the_solve_beside_its_normalization():

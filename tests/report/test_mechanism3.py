@@ -1,6 +1,6 @@
-"""Round 3 of the per-baseline mechanism experiment (config/mechanism3.yaml, paper.ROUND3): the same decision
-procedure as round 2 on one rate, a solver arm that changes the solve, and the solver check per module kind;
-made-up runs whose answers are known, every verdict of every mech3.* row reached."""
+"""Round 3 of the per-baseline mechanism experiment (config/mechanism3.yaml, mwm.experiments.mechanism3): the
+same decision procedure as round 2 on one rate, a solver arm that changes the solve, and the solver check per
+module kind; made-up runs whose answers are known, every verdict of every mech3.* row reached."""
 
 from pathlib import Path
 from types import SimpleNamespace
@@ -66,7 +66,7 @@ def verdicts(res):
 
 def test_the_config_is_round_3_with_the_arms_its_rules_name():
     rnd = round_of(CFG)
-    assert rnd is paper.ROUND3 and rnd.per_kind_check and not rnd.secondary
+    assert rnd is paper.ROUNDS["mechanism3"] and rnd.per_kind_check and not rnd.secondary
     assert {(base(c), kind(c)) for c in CFG["grid"]["intervention"]} == {
         (b, k) for b in paper.MECH2_BASELINES for k in rnd.kinds}
     assert tuple(CFG["grid"]["sweep"]["muon_lr"]) == rnd.rates and len(SEEDS) == rnd.min_seeds

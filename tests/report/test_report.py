@@ -390,19 +390,3 @@ def test_a_partial_grid_reports_its_whole_seeds_stamped_and_judges_nothing(resul
     assert tables and all(stamp in t.read_text() for t in tables)
     assert (out / "fig5_val_loss.png").is_file() and not (tmp_path / "paper_figures").exists()
 
-
-def test_every_experiment_has_a_report_builder_and_the_schema_names_them_all():
-    """One table of experiments (mwm.experiments): the report builds each, the schema accepts each and
-    nothing else, the stage manifest reads its inputs from it."""
-    from pathlib import Path
-
-    from mwm.config import ConfigError
-    from mwm.config.names import REPORTS
-    from mwm.experiments import EXPERIMENTS
-    from mwm.report.__main__ import BUILDERS
-    from mwm.workflow.stages import REPORT_INPUTS, STUDIES
-
-    assert set(BUILDERS) == set(EXPERIMENTS) == set(REPORTS) == set(REPORT_INPUTS)
-    assert all(set(e.studies) <= set(STUDIES) for e in EXPERIMENTS.values())
-    with pytest.raises(ConfigError, match="workflow.report"):
-        load_config(Path(__file__).resolve().parents[2] / "config" / "ci.yaml", ['workflow.report="ablation"'])

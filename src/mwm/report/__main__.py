@@ -3,12 +3,9 @@
     python -m mwm.report --config config/config.yaml [--results results] [--out paper_figures/<name>]
 
 Reads ``results/runs/<name>/...`` and ``results/studies/<name>/``; a run or
-study result the config asks for that is missing is an error naming it. A config
-with ``workflow.report: solvers`` gets the solver study's figure and table alone; one with
-``workflow.report: sweep`` the learning-rate sweep's (:mod:`mwm.report.sweep`); one with
-``workflow.report: mechanism`` the causal experiment's (:mod:`mwm.report.mechanism`) and the solver study
-on the pairs one of its runs captured; one with ``workflow.report: mechanism2`` or ``mechanism3`` a
-round of the per-baseline causal experiment (:mod:`mwm.report.mechanism2`).
+study result the config asks for that is missing is an error naming it. What the report holds is its
+experiment's (``workflow.report``, a module of :mod:`mwm.experiments`): the function that module names
+(:mod:`mwm.report.builders`) builds it.
 """
 
 from __future__ import annotations
@@ -20,7 +17,6 @@ import shutil
 import sys
 from pathlib import Path
 
-from mwm import paper
 from mwm.config import ConfigError, load_config
 from mwm.errors import write_failure
 from mwm.experiments import EXPERIMENTS
@@ -28,64 +24,21 @@ from mwm.paths import inside
 from mwm.report import style
 from mwm.workflow.owner import check_owner
 from mwm.plan.runs import check_grid, config_dir
-from mwm.report.ledger import (build_ledger, build_mechanism2_ledger, build_mechanism_ledger, build_sweep_ledger,
-                               write_ledger)
 from mwm.report.load import ReportError, load_runs
-from mwm.report.mechanism import mechanism_report
-from mwm.report.mechanism2 import mechanism2_report
-from mwm.report.solver_training import solver_training_report
-from mwm.report.sweep import sweep_report
-from mwm.report.studies import SOLVER_STUDY_FILES, load_studies, solver_study_report, studies_report
-from mwm.report.training import training_report, write_run_metrics
-
-
-def _full(cfg: dict, runs, folder: Path, out: Path, incomplete: str | None) -> None:
-    """The paper's report: every run, study, table and figure, and the ledger."""
-    studies = load_studies(folder, cfg=cfg)
-    numbers = training_report(cfg, runs, out)
-    studies_report(studies, out)
-    solver_training_report(cfg, runs, studies, out)
-    write_ledger(build_ledger(cfg, numbers["results"], runs, studies), out, incomplete)
-
-
-def _solvers(cfg: dict, runs, folder: Path, out: Path, incomplete: str | None) -> None:
-    """A config that measures the inner solvers alone: the solver study's figure and table."""
-    solver_study_report(load_studies(folder, required=SOLVER_STUDY_FILES, cfg=cfg), out)
-
-
-def _sweep(cfg: dict, runs, folder: Path, out: Path, incomplete: str | None) -> None:
-    """A learning-rate sweep: its figures, tables and ledger rows."""
-    write_ledger(build_sweep_ledger(cfg, sweep_report(cfg, runs, out)), out, incomplete)
-
-
-def _mechanism(cfg: dict, runs, folder: Path, out: Path, incomplete: str | None) -> None:
-    """The causal experiment, and the solver study on its pairs."""
-    write_ledger(build_mechanism_ledger(cfg, mechanism_report(cfg, runs, out)), out, incomplete)
-    solver_study_report(load_studies(folder, required=SOLVER_STUDY_FILES, cfg=cfg), out)
-
-
-def _mechanism_round(cfg: dict, runs, folder: Path, out: Path, incomplete: str | None) -> None:
-    """A round of the per-baseline causal experiment (:data:`mwm.paper.ROUNDS`), from its runs."""
-    write_ledger(build_mechanism2_ledger(cfg, mechanism2_report(cfg, runs, out)), out, incomplete)
-
-
-#: How each experiment of :data:`mwm.experiments.EXPERIMENTS` builds its report from its runs (None where
-#: it reads none), its studies' folder and ``out``; a test holds the two tables to the same names.
-BUILDERS = {"full": _full, "solvers": _solvers, "sweep": _sweep, "mechanism": _mechanism,
-            **{name: _mechanism_round for name in paper.ROUNDS}}
+from mwm.report.training import write_run_metrics
 
 
 def build(cfg: dict, results: Path, out: Path, incomplete: str | None = None) -> Path:
     """Every table and figure and the ledger of ``cfg`` from ``results`` into ``out``; ``incomplete`` (a
     partial report): no ledger rule is applied, each row says so with that line."""
-    name = cfg["workflow"]["report"]
+    experiment = EXPERIMENTS[cfg["workflow"]["report"]]
     folder = config_dir("studies", cfg["name"], results)
     runs = None
-    if EXPERIMENTS[name].reads_runs:
+    if experiment.reads_runs:
         runs = load_runs(cfg, results)
         out.mkdir(parents=True, exist_ok=True)
         write_run_metrics(runs, out)  # every report with runs: one file that `dvc exp show` compares
-    BUILDERS[name](cfg, runs, folder, out, incomplete)
+    experiment.builder()(cfg, runs, folder, out, incomplete)
     return out
 
 

@@ -1,6 +1,6 @@
 """The per-baseline mechanism experiment's report, one per pre-registered round (``workflow.report:
 mechanism2`` for ``config/mechanism2.yaml``, ``mechanism3`` for ``config/mechanism3.yaml``; the round's
-arms, rates and checks are :data:`mwm.paper.ROUNDS`' entry, its rows ``<prefix>.*``).
+arms, rates and checks are its experiment's ``round``, :data:`mwm.paper.ROUNDS`, its rows ``<prefix>.*``).
 
 Softmax saturation or the inner solve, asked of each DGram-attention baseline on its own
 (:data:`mwm.paper.MECH2_BASELINES`). Compute first, then draw: :func:`mechanism2_results` gives one row
@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from mwm import paper
+from mwm.experiments import MechRound
 from mwm.report.mechanism import fig_mechanism_chain, fig_mechanism_loss, mechanism_results
 from mwm.report.tables import write_table
 from mwm.train import manipulation
@@ -41,7 +42,7 @@ from mwm.plan.variants import intervention_keys, intervention_label, rate_label,
 __all__ = ["KINDS", "CHECK_OF", "round_of", "arm_kind", "mechanism2_results", "mechanism2_contrasts",
            "mechanism2_decisions", "mechanism2_ledger_values", "mechanism2_report"]
 
-#: The kind of intervention (:attr:`mwm.paper.MechRound.kinds`) each train setting makes: (key, value);
+#: The kind of intervention (:attr:`mwm.experiments.MechRound.kinds`) each train setting makes: (key, value);
 #: value None matches any value of that key. An arm's settings must all make one kind: a solver arm may
 #: change the solver, its penalty and its iterations together with the normalization.
 KINDS = {("solver_normalize", "all"): "solver", ("solver_normalize", "attn"): "solver_attn",
@@ -52,7 +53,7 @@ CHECK_OF = {"solver": "solver", "solver_attn": "solver", "saturation": "saturati
 STABLE = "completed"
 
 
-def round_of(cfg: dict) -> paper.MechRound:
+def round_of(cfg: dict) -> MechRound:
     """The round this config's report rebuilds (``workflow.report``)."""
     return paper.ROUNDS[cfg["workflow"]["report"]]
 
