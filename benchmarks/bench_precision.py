@@ -22,6 +22,7 @@ from mwm.optim.assignments import OptimizerSettings, build_optimizers
 from mwm.train.model import GPT, GPTConfig
 from mwm.optim.solvers import SolverSettings
 from mwm.optim.msign import msign, msign_bf16, polar_exact
+from mwm.optim.vocab import PAPER_TRAIN
 
 from bench_core import step_times
 
@@ -65,7 +66,9 @@ def bench_train(args):
             model = GPT(GPTConfig(vocab_size=args.vocab, block_size=args.block, n_layer=args.layers,
                                   n_head=args.heads, n_embd=args.embd))
             settings = OptimizerSettings.defaults(solver=SolverSettings.defaults(steps=20, alpha=0.1, precision=prec))
-            setups[(assignment, prec)] = (model, build_optimizers(model, assignment, settings))
+            opts = build_optimizers(model, assignment, settings)
+            opts.set_lr(PAPER_TRAIN["learning_rate"], PAPER_TRAIN["muon_lr"])
+            setups[(assignment, prec)] = (model, opts)
     times = step_times(setups, x, args.warmup, args.steps)
     for a in ("stiefel", "hetero"):
         f, b = statistics.median(times[(a, "float32")]), statistics.median(times[(a, "bfloat16")])

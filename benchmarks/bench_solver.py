@@ -33,6 +33,7 @@ from mwm.optim.muon import ManifoldMuon
 from mwm.optim.solvers import SolverSettings
 from mwm.studies.solvers import (candidates, capture_sequences, load_sequence, measure_sequence, parse_candidate,
                                  summarise)
+from mwm.optim.vocab import PAPER_TRAIN
 
 from bench_core import make_problem, muon_groups, step_times
 
@@ -74,6 +75,7 @@ def _mini(args, assignment, solver, separate=False):
     model = GPT(GPTConfig(vocab_size=args.vocab, block_size=args.block, n_layer=args.layers_mini, n_head=4,
                           n_embd=args.embd))
     opts = build_optimizers(model, assignment, OptimizerSettings.defaults(solver=_settings(solver)))
+    opts.set_lr(PAPER_TRAIN["learning_rate"], PAPER_TRAIN["muon_lr"])
     if separate:  # one bank per manifold, the unmerged layout (a distinct group key keeps them apart)
         for g in opts.muon.param_groups:
             g["bank_tag"] = g["manifold"]

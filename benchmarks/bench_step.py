@@ -35,6 +35,7 @@ from mwm.optim.msign import choose_order
 from mwm.optim.manifolds import to_tall
 from mwm.plan.runs import run_config
 from mwm.train.loop import Run
+from mwm.train.schedule import learning_rates
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_gpu import update_flops  # noqa: E402  (one FLOP model for the benchmarks)
@@ -75,6 +76,7 @@ def measure(cfg: dict, assignment: str, steps: int, warmup: int, out: Path) -> l
     fb, opt = [], []
     for i in range(warmup + steps):
         run.step = i
+        run.opts.set_lr(*learning_rates(i, run.tc))  # as training does, outside the timed span
         t0 = time.perf_counter()
         run.forward_backward(i)
         torch.nn.utils.clip_grad_norm_(run.model.parameters(), run.tc["grad_clip"] or 1.0)

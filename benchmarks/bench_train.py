@@ -19,6 +19,7 @@ from mwm.optim.assignments import OptimizerSettings, build_optimizers
 from mwm.train.model import GPT, GPTConfig
 from mwm.config.names import PAPER_ASSIGNMENTS
 from mwm.optim.solvers import SolverSettings
+from mwm.optim.vocab import PAPER_TRAIN
 
 from released_path import ReleasedMuon
 
@@ -29,6 +30,7 @@ def build(args, assignment, path):
                           n_embd=args.embd))
     opts = build_optimizers(model, assignment, OptimizerSettings.defaults(
         solver=SolverSettings.defaults(steps=args.dual_steps, alpha=0.1)))
+    opts.set_lr(PAPER_TRAIN["learning_rate"], PAPER_TRAIN["muon_lr"])
     if path == "released" and opts.muon is not None:
         groups = [{"params": g["params"], "manifold": g["manifold"], "weight_decay": g["weight_decay"]}
                   for g in opts.muon.param_groups]

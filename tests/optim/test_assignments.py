@@ -5,6 +5,7 @@ import pytest
 
 from mwm.optim.assignments import resolve_assignment
 from mwm.train.model import GPT, GPTConfig
+from mwm.optim.vocab import PAPER_TRAIN
 
 
 def tiny_gpt():
@@ -53,7 +54,8 @@ def test_attn_sigma_cap_puts_dgram_attention_in_a_capped_group_and_bounds_its_si
     torch.manual_seed(0)
     model = tiny_gpt()
     solver = SolverSettings.defaults()
-    opts = build_optimizers(model, "dgram", OptimizerSettings.defaults(muon_lr=2.0, attn_sigma_cap=1.0, solver=solver))
+    opts = build_optimizers(model, "dgram", OptimizerSettings.defaults(attn_sigma_cap=1.0, solver=solver))
+    opts.set_lr(PAPER_TRAIN["learning_rate"], 2.0)
     capped = [g for g in opts.muon.param_groups if g.get("sigma_cap") is not None]
     assert len(capped) == 1 and capped[0]["manifold"] == "dgram" and capped[0]["sigma_cap"] == 1.0
     assert sorted(capped[0]["names"]) == sorted(n for n in dict(model.named_parameters()) if ".attn.c_" in n)
@@ -84,8 +86,9 @@ def test_mlp_cap_and_normalized_solve_get_groups_of_their_own():
     torch.manual_seed(0)
     model = tiny_gpt()
     solver = SolverSettings.defaults()
-    opts = build_optimizers(model, "dgram", OptimizerSettings.defaults(muon_lr=2.0, mlp_sigma_cap=1.5,
-                                                                       solver_normalize="attn", solver=solver))
+    opts = build_optimizers(model, "dgram", OptimizerSettings.defaults(mlp_sigma_cap=1.5, solver_normalize="attn",
+                                                                       solver=solver))
+    opts.set_lr(PAPER_TRAIN["learning_rate"], 2.0)
     groups = {(g.get("sigma_cap"), g.get("solver_normalize", False)): g for g in opts.muon.param_groups}
     assert set(groups) == {(1.5, False), (None, True)}
     assert all(".mlp.c_" in n for n in groups[1.5, False]["names"])

@@ -12,6 +12,7 @@ from mwm.config.names import NAMED_ASSIGNMENTS
 from mwm.optim import muon as optim_mod
 from mwm.optim.muon import ManifoldMuon
 from mwm.optim.solvers import SolverSettings
+from mwm.optim.vocab import PAPER_TRAIN
 
 
 class Block(nn.Module):
@@ -53,6 +54,7 @@ def loss_of(model, seed=0):
 
 
 def train(model, opts, steps=3):
+    opts.set_lr(PAPER_TRAIN["learning_rate"], PAPER_TRAIN["muon_lr"])
     for s in range(steps):
         opts.zero_grad()
         loss_of(model, s).backward()

@@ -11,6 +11,7 @@ from mwm.optim.assignments import OptimizerSettings, build_optimizers
 from mwm.optim.dual_ascent import MixedProjector, dual_ascent
 from mwm.optim.manifolds import get_manifold
 from mwm.optim.muon import ManifoldMuon, _split_by_work
+from mwm.optim.vocab import PAPER_TRAIN
 from mwm.optim.solvers import SolverSettings, admm, clip_spectral, momentum_scale, scaled_solve, solve, solve_scale
 from test_muon import Tiny, loss_of, train
 
@@ -150,6 +151,8 @@ def test_equal_shapes_of_both_manifolds_share_one_bank_and_match_separate_optimi
     torch.manual_seed(0)
     ref = Tiny()
     ref_opts = build_optimizers(ref, PER_LAYER, OptimizerSettings.defaults(solver=SolverSettings.defaults(steps=4)))
+    for o in (opts, ref_opts):
+        o.set_lr(PAPER_TRAIN["learning_rate"], PAPER_TRAIN["muon_lr"])
     separate = [ManifoldMuon([dict(g)], init_on_manifold=False) for g in ref_opts.muon.param_groups]
     for s in range(2):
         for m in (model, ref):

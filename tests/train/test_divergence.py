@@ -19,6 +19,7 @@ from mwm.train.model import GPT, GPTConfig
 from mwm.optim.solvers import SolverSettings
 from mwm.optim.muon import ManifoldMuon
 from mwm.train.cli import main
+from mwm.optim.vocab import PAPER_TRAIN
 
 BIG = 1e20  # finite, but its squares overflow float32: a Gram matrix of it is Inf
 
@@ -85,6 +86,7 @@ def tiny_model():
 def test_adamw_weights_and_gradients_are_checked(assignment):
     model = tiny_model()
     opts = build_optimizers(model, assignment)
+    opts.set_lr(PAPER_TRAIN["learning_rate"], PAPER_TRAIN["muon_lr"])
     x = torch.randint(0, 32, (2, 8))
     model(x, x)[1].backward()
     wte = model.transformer.wte.weight

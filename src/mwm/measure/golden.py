@@ -129,6 +129,7 @@ def _model(assignment: str | None, precision: str = "float32", dtype=torch.float
         from mwm.optim.assignments import OptimizerSettings, build_optimizers
         from mwm.train.model import GPT, GPTConfig
         from mwm.optim.solvers import SolverSettings
+        from mwm.optim.vocab import PAPER_TRAIN
 
         torch.manual_seed(0)
         model = GPT(GPTConfig(vocab_size=32, block_size=8, n_layer=1, n_head=2, n_embd=16)).to(dtype)
@@ -141,6 +142,7 @@ def _model(assignment: str | None, precision: str = "float32", dtype=torch.float
             return model(x, y)[1].detach().reshape(1)
         settings = OptimizerSettings.defaults(solver=SolverSettings.defaults(precision=precision))
         opts = build_optimizers(model, assignment, settings)
+        opts.set_lr(PAPER_TRAIN["learning_rate"], PAPER_TRAIN["muon_lr"])  # the paper's peak rates
         opts.zero_grad()
         model(x, y)[1].backward()
         opts.step()

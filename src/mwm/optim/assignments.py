@@ -108,13 +108,16 @@ def nonfinite(named: list[tuple[str, torch.Tensor]]) -> list[str]:
 
 @dataclass
 class Optimizers:
-    """The Muon optimizer (``None`` for all-AdamW) and the AdamW optimizer."""
+    """The Muon optimizer (``None`` for all-AdamW) and the AdamW optimizer. Their learning rates have one
+    route: :meth:`set_lr`, which the schedule calls before every step; a step before any rate was set is
+    refused rather than taken at a rate nobody chose."""
 
     muon: ManifoldMuon | None
     adamw: torch.optim.AdamW
     assignment: dict[str, str]
     #: (name, parameter) pairs, to name parameters in errors
     _named: list = ()
+    _rated: bool = False
 
     def all(self) -> list[torch.optim.Optimizer]:
         return [o for o in (self.adamw, self.muon) if o is not None]
@@ -133,6 +136,8 @@ class Optimizers:
         (NaN, Inf, or a squared norm that overflows: a weight decay factor
         ``1 - lr wd`` below -1 grows them geometrically), so nothing downstream
         (evaluation, spectral logging) ever sees a diverged weight unannounced."""
+        if not self._rated:
+            raise RuntimeError("set_lr(adamw_lr, muon_lr) before the first step: the schedule sets the rates")
         self._check(self.adamw, "grad", "gradient has NaN, Inf or overflowing values; no parameter was updated")
         consumed = {} if inputs else None
         if self.muon is not None:
@@ -165,6 +170,8 @@ class Optimizers:
         self._named = [(n, now[n]) for n, _ in self._named]
 
     def set_lr(self, adamw_lr: float, muon_lr: float) -> None:
+        """Both rates, for the steps until the next call (the schedule's at each step)."""
+        self._rated = True
         for g in self.adamw.param_groups:
             g["lr"] = adamw_lr
         if self.muon is not None:
@@ -189,15 +196,14 @@ class Optimizers:
 class OptimizerSettings:
     """Both optimizers' settings, built once from a config's ``train`` section (:meth:`from_train`; the
     schema is the one home of the defaults, :meth:`defaults`), as :class:`~mwm.optim.solvers.SolverSettings`
-    is for the inner solve. ``attn_sigma_cap`` / ``mlp_sigma_cap``: the DGram attention (MLP) weights
+    is for the inner solve; not the learning rates, which are the schedule's (:meth:`Optimizers.set_lr`).
+    ``attn_sigma_cap`` / ``mlp_sigma_cap``: the DGram attention (MLP) weights
     get a group of their own whose singular values are capped after every retraction (None: no cap, as
     in the paper); ``solver_normalize``: ``all``, ``attn`` or ``mlp``, the modules whose constrained
     weights get the scale-normalized inner solve (None: the paper's)."""
 
-    adamw_lr: float
     betas: tuple[float, float]
     weight_decay: float
-    muon_lr: float
     momentum: float
     dgram_retraction: str
     solver: SolverSettings
@@ -210,8 +216,8 @@ class OptimizerSettings:
     def from_train(cls, train: Mapping, retraction: str | None = None) -> "OptimizerSettings":
         """The settings a (validated) ``train`` section gives; ``retraction`` overrides its
         ``dgram_retraction`` (a ``-colnorm`` variant)."""
-        return cls(adamw_lr=train["learning_rate"], betas=(train["beta1"], train["beta2"]),
-                   weight_decay=train["weight_decay"], muon_lr=train["muon_lr"], momentum=train["muon_momentum"],
+        return cls(betas=(train["beta1"], train["beta2"]), weight_decay=train["weight_decay"],
+                   momentum=train["muon_momentum"],
                    dgram_retraction=retraction or train["dgram_retraction"], solver=SolverSettings.from_train(train),
                    attn_sigma_cap=train.get("attn_sigma_cap"), mlp_sigma_cap=train.get("mlp_sigma_cap"),
                    solver_normalize=train.get("solver_normalize"), dgram_polar=train.get("dgram_polar"))
@@ -263,7 +269,8 @@ def build_optimizers(
             params.append(p)
     adamw_groups = [g for g in ({"params": decay, "weight_decay": weight_decay},
                                 {"params": no_decay, "weight_decay": 0.0}) if g["params"]]
-    adamw = torch.optim.AdamW(adamw_groups, lr=s.adamw_lr, betas=s.betas)
+    # No rate here: Optimizers.set_lr is its one route (the schedule's, train.learning_rate and train.muon_lr).
+    adamw = torch.optim.AdamW(adamw_groups, lr=0.0, betas=s.betas)
     muon = None
     if muon_groups:
         groups = [
@@ -273,6 +280,6 @@ def build_optimizers(
              **({"solver_normalize": True} if normalized else {})}
             for (mf, capped, normalized), (names, params) in sorted(muon_groups.items())
         ]
-        muon = ManifoldMuon(groups, lr=s.muon_lr, momentum=s.momentum, dgram_retraction=s.dgram_retraction,
+        muon = ManifoldMuon(groups, lr=0.0, momentum=s.momentum, dgram_retraction=s.dgram_retraction,
                             dgram_polar=s.dgram_polar, init_on_manifold=init_on_manifold, solver=s.solver)
     return Optimizers(muon=muon, adamw=adamw, assignment=plan, _named=named)
