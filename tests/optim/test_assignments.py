@@ -121,3 +121,25 @@ def test_layer_of_reads_the_block_index_of_nanogpts_names():
     assert layer_of("transformer.h.0.attn.c_attn.weight") == 0
     assert layer_of("_orig_mod.transformer.h.11.mlp.c_proj.weight") == 11
     assert layer_of("transformer.wte.weight") == -1 and layer_of("lm_head.h.weight") == -1
+
+
+def test_the_rates_have_one_route_and_a_step_before_it_is_refused():
+    """build_optimizers takes no rate: the schedule's set_lr is where one enters, and a step before it is
+    refused with the weights untouched, not taken at a rate nobody chose."""
+    import torch
+
+    from mwm.optim.assignments import build_optimizers
+
+    torch.manual_seed(0)
+    model = tiny_gpt()
+    opts = build_optimizers(model, "hetero")
+    x = torch.randint(0, 16, (4, 8))
+    model(x, x)[1].backward()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with pytest.raises(RuntimeError, match="set_lr"):
+        opts.step()
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+    opts.set_lr(1e-3, 0.5)
+    assert {g["lr"] for g in opts.adamw.param_groups} == {1e-3} and {g["lr"] for g in opts.muon.param_groups} == {0.5}
+    opts.step()
+    assert any(not torch.equal(p, before[n]) for n, p in model.named_parameters())
