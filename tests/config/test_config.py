@@ -335,14 +335,14 @@ def test_an_arm_declared_once_reads_as_the_three_declarations_it_replaces():
     """grid.arms: an intervention arm written once is the config its custom, train_overrides and
     intervention entries made; validation is idempotent; an arm those keys give otherwise, or a base
     that names no manifolds, is refused naming the key."""
-    raw = yaml.safe_load((ROOT / "config" / "ci-mechanism3.yaml").read_text())
+    raw = config.read_config(ROOT / "config" / "ci-mechanism3.yaml")
     cfg = validate(raw, "ci-mechanism3.yaml")
     g = cfg["grid"]
     assert g["assignments"] == ["stiefel", "dgram", "dgram-admm", "dgram-qk"]
     assert g["custom"]["dgram-qk"] == {"*.attn.*": "dgram", "*.mlp.*": "dgram"}
     assert g["train_overrides"]["dgram-qk"] == {"attn_qk_scale": 4.0} and g["intervention"]["dgram-admm"] == "dgram"
     assert validate(cfg) == cfg  # a validated config validates to itself (the run configs are validated again)
-    spelled = yaml.safe_load((ROOT / "config" / "ci-mechanism3.yaml").read_text())
+    spelled = config.read_config(ROOT / "config" / "ci-mechanism3.yaml")
     arms = spelled["grid"].pop("arms")
     spelled["grid"]["assignments"] += list(arms)
     spelled["grid"]["custom"] = {a: {"*.attn.*": "dgram", "*.mlp.*": "dgram"} for a in arms}
@@ -350,11 +350,83 @@ def test_an_arm_declared_once_reads_as_the_three_declarations_it_replaces():
     spelled["grid"]["intervention"] = {a: arm["base"] for a in arms for arm in [arms[a]]}
     old = validate(spelled)
     assert {k: v for k, v in old["grid"].items() if k != "arms"} == {k: v for k, v in g.items() if k != "arms"}
-    clash = yaml.safe_load((ROOT / "config" / "ci-mechanism3.yaml").read_text())
+    clash = config.read_config(ROOT / "config" / "ci-mechanism3.yaml")
     clash["grid"]["train_overrides"] = {"dgram-qk": {"attn_qk_scale": 2.0}}
     with pytest.raises(ConfigError, match=r"grid.train_overrides.dgram-qk is given as well as grid.arms.dgram-qk"):
         validate(clash, "x.yaml")
-    bad = yaml.safe_load((ROOT / "config" / "ci-mechanism3.yaml").read_text())
+    bad = config.read_config(ROOT / "config" / "ci-mechanism3.yaml")
     bad["grid"]["arms"]["dgram-qk"]["base"] = "adamw"
     with pytest.raises(ConfigError, match=r"grid.arms.dgram-qk.base: 'adamw' is neither a named assignment"):
         validate(bad, "x.yaml")
+
+
+def _scaled(tmp_path, config: str, scale: str | None = "", file: str = "s.yaml"):
+    """``config`` as tmp_path/config/c.yaml, ``scale`` (unless None) as config/scales/<file>."""
+    folder = tmp_path / "config"
+    (folder / "scales").mkdir(parents=True, exist_ok=True)
+    if scale is not None:
+        (folder / "scales" / file).write_text(scale)
+    path = folder / "c.yaml"
+    path.write_text(config)
+    return path
+
+
+def test_extends_puts_the_file_over_its_scale_key_by_key(tmp_path):
+    scale = ("train: {batch_size: 4, max_iters: 9, divergence: {stop: true, patience: 3}}\n"
+             "model: {n_layer: 2, n_head: 2, n_embd: 32}\ngrid: {seeds: [0, 1, 2]}\n")
+    path = _scaled(tmp_path, "extends: scales/s.yaml\ntrain: {max_iters: 5, divergence: {patience: 4}}\n"
+                             "grid: {seeds: [7]}\n", scale)
+    cfg = load_config(path)
+    assert "extends" not in cfg and cfg["name"] == "c"
+    assert (cfg["train"]["batch_size"], cfg["train"]["max_iters"]) == (4, 5)  # the scale's, then the file's
+    assert cfg["train"]["divergence"] == {**config.defaults("train")["divergence"], "stop": True, "patience": 4}
+    assert cfg["model"]["n_embd"] == 32 and cfg["grid"]["seeds"] == [7]  # a list replaces, not appends
+    raw = config.read_config(path)
+    assert raw["train"] == {"batch_size": 4, "max_iters": 5, "divergence": {"stop": True, "patience": 4}}
+    assert config.scale_file(path, config.read_mapping(path)) == path.parent / "scales" / "s.yaml"
+    assert config.scale_file(path, {"train": {}}) is None
+
+
+@pytest.mark.parametrize("extends, scale, says", [
+    ("3", "", "is not a string"),
+    ("[scales/s.yaml]", "", "is not a string"),
+    ("../s.yaml", "", "is not in the scales/ folder beside the config"),
+    ("/etc/hostname", "", "is not in the scales/ folder beside the config"),
+    ("s.yaml", "", "is not in the scales/ folder beside the config"),
+    ("scales/../c.yaml", "", "'..' is not a plain folder name"),
+    ("scales/missing.yaml", "", "scale file {scales}/missing.yaml does not exist"),
+    ("scales/s.yaml", "- a\n- b\n", "scale file {scales}/s.yaml must hold a mapping at top level, got list"),
+    ("scales/s.yaml", "extends: scales/t.yaml\n", "scale file {scales}/s.yaml sets extends: \"scales/t.yaml\"; "
+                                                  "a scale extends nothing"),
+    ("scales/s.yaml", "name: small\n", "scale file {scales}/s.yaml sets name: \"small\"; a scale is not an"),
+    ("scales/s.yaml", "train: [1\n", "scale file {scales}/s.yaml is not valid YAML"),
+])
+def test_a_bad_extends_is_refused_naming_file_key_and_value(tmp_path, extends, scale, says):
+    path = _scaled(tmp_path, f"extends: {extends}\n", scale)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    msg = str(err.value)
+    assert msg.startswith(f"config file {path}: extends: ") and extends.strip("[]") in msg, msg
+    assert says.format(scales=path.parent / "scales") in msg, msg
+
+
+def test_a_scale_file_is_held_to_a_config_files_bounds(tmp_path):
+    path = _scaled(tmp_path, "extends: scales/s.yaml\n", "train: {batch_size: 8}\n" + "#" * 2_000_000 + "\n")
+    with pytest.raises(ConfigError, match=r"scale file .*s\.yaml is 2,000,024 bytes, over the 1,000,000"):
+        load_config(path)
+    (path.parent / "scales" / "s.yaml").write_text(fakedata.alias_bomb(levels=6, width=9))
+    with pytest.raises(ConfigError, match=f"holds more than {config.MAX_CONFIG_NODES:,} values"):
+        load_config(path)
+
+
+def test_a_scale_edited_after_the_workflow_planned_is_refused(tmp_path, monkeypatch):
+    path = _scaled(tmp_path, "extends: scales/s.yaml\ntrain: {max_iters: 40}\n", "train: {batch_size: 8}\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(config.PLANNED_ENV, config.planned_stamp(path, load_config(path)))
+    assert load_config(path)["train"]["batch_size"] == 8
+    (path.parent / "scales" / "s.yaml").write_text("# a comment\ntrain:\n  batch_size: 8\n")
+    assert load_config(path)["train"]["batch_size"] == 8  # the same settings, spelled otherwise
+    (path.parent / "scales" / "s.yaml").write_text("train: {batch_size: 9}\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml or its scale file .*s\.yaml was edited after the workflow"):
+        load_config(path)
+

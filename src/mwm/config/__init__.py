@@ -7,6 +7,10 @@ keys and wrong types, and names the offending key, value and file. Snakemake
 (``rules/common.smk``) and every ``python -m mwm...`` entry point call the same
 :func:`load_config`, so a bad config fails before any job starts.
 
+A config file may start from a scale file (``extends: scales/ci.yaml``, in ``config/scales/``): the
+sizes configs of one scale share (data, model, the training's scale, resources). The file's own keys
+are merged over the scale's, mapping by mapping; :func:`compose` does it for every reader of the file.
+
 Overrides are ``dotted.key=value`` strings whose value is parsed as YAML
 (``train.max_iters=200``, ``grid.seeds=[0,1]``).
 
@@ -26,7 +30,7 @@ import json
 import math
 import os
 import re
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Iterable
 
 import yaml
@@ -34,7 +38,7 @@ from jsonschema import Draft202012Validator, validators
 
 from mwm.config import names
 from mwm.errors import ConfigError
-from mwm.paths import NAME_PATTERN, checkout_relative
+from mwm.paths import NAME_PATTERN, checkout_relative, inside
 
 __all__ = [
     "ConfigError",
@@ -44,6 +48,12 @@ __all__ = [
     "validate",
     "expand_arms",
     "load_config",
+    "read_mapping",
+    "read_config",
+    "compose",
+    "scale_file",
+    "EXTENDS",
+    "SCALES",
     "apply_overrides",
     "config_hash",
     "check_size",
@@ -431,30 +441,94 @@ def apply_overrides(cfg: dict, overrides: Iterable[str], source: str = "<overrid
     return cfg
 
 
-def load_config(path: str | Path, overrides: Iterable[str] = ()) -> dict:
-    """Read, override, default and validate a config file."""
+#: The top-level key naming a config's scale file, and the folder (beside the configs) scale files live in.
+EXTENDS = "extends"
+SCALES = "scales"
+
+
+def read_mapping(path: str | Path, what: str = "config file") -> dict:
+    """The mapping a YAML file holds, as written (no scale, no defaults): ConfigError naming the file
+    for one that is no regular file, too big, not YAML, an alias bomb, or no mapping."""
     path = Path(path)
     if not path.is_file():
-        what = ("is a folder, not a config file" if path.is_dir() else
-                "is not a regular file (a device or a pipe), not a config file" if path.exists() else "does not exist")
-        raise ConfigError(f"config file {path} {what}")
+        state = ("is a folder, not a config file" if path.is_dir() else
+                 "is not a regular file (a device or a pipe), not a config file" if path.exists() else
+                 "does not exist")
+        raise ConfigError(f"{what} {path} {state}")
     if path.stat().st_size > MAX_CONFIG_BYTES:
-        raise ConfigError(f"config file {path} is {path.stat().st_size:,} bytes, over the {MAX_CONFIG_BYTES:,} a "
+        raise ConfigError(f"{what} {path} is {path.stat().st_size:,} bytes, over the {MAX_CONFIG_BYTES:,} a "
                           "config may have")
     with open(path) as fh:
         try:
             raw = yaml_load(fh) or {}
         except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+            raise ConfigError(f"{what} {path} is not valid YAML: {exc}") from exc
         except RecursionError:
-            raise ConfigError(f"config file {path} is nested too deeply to read") from None
+            raise ConfigError(f"{what} {path} is nested too deeply to read") from None
     check_size(raw, str(path))
     if not isinstance(raw, dict):
-        raise ConfigError(f"config file {path} must hold a mapping at top level, got {type(raw).__name__}")
+        raise ConfigError(f"{what} {path} must hold a mapping at top level, got {type(raw).__name__}")
+    return raw
+
+
+def scale_file(path: str | Path, raw: dict) -> Path | None:
+    """The scale file ``raw`` (config file ``path``'s mapping) extends, checked to lie in the ``scales``
+    folder beside it; None without ``extends``. A path from a config must not leave its folder."""
+    if EXTENDS not in raw:
+        return None
+    value = raw[EXTENDS]
+    where = f"config file {path}: {EXTENDS}: {_preview(value)}"
+    if not isinstance(value, str):
+        raise ConfigError(f"{where} is not a string: give the scale file as {SCALES}/NAME.yaml")
+    parts = PurePosixPath(value).parts
+    if len(parts) < 2 or parts[0] != SCALES:
+        raise ConfigError(f"{where} is not in the {SCALES}/ folder beside the config: a config extends a scale "
+                          f"file, {SCALES}/NAME.yaml")
+    return inside(Path(path).parent / SCALES, *parts[1:], what=where)
+
+
+def _merged(base: dict, over: dict) -> dict:
+    """``over`` on ``base``: mappings merge key by key, any other value (a list too) replaces."""
+    out = dict(base)
+    for key, value in over.items():
+        both = isinstance(value, dict) and isinstance(base.get(key), dict)
+        out[key] = _merged(base[key], value) if both else value
+    return out
+
+
+def compose(raw: dict, path: str | Path) -> dict:
+    """Config file ``path``'s mapping ``raw`` (as read, by :func:`read_mapping` or by Snakemake) on the scale
+    file its ``extends`` names, ``extends`` itself removed: the settings every reader of the file sees. One
+    level: a scale extends nothing, and has no ``name`` (a scale is not an experiment)."""
+    scale = scale_file(path, raw)
+    if scale is None:
+        return raw
+    where = f"config file {path}: {EXTENDS}: {raw[EXTENDS]!r}"
+    try:
+        base = read_mapping(scale, what="scale file")
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    for key, why in ((EXTENDS, "a scale extends nothing (one level: a config file over its scale)"),
+                     ("name", "a scale is not an experiment: the name belongs to the config file")):
+        if key in base:
+            raise ConfigError(f"{where}: scale file {scale} sets {key}: {_preview(base[key])}; {why}")
+    return _merged(base, {k: v for k, v in raw.items() if k != EXTENDS})
+
+
+def read_config(path: str | Path) -> dict:
+    """A config file's settings as written, on its scale's (:func:`compose`); not validated."""
+    return compose(read_mapping(path), path)
+
+
+def load_config(path: str | Path, overrides: Iterable[str] = ()) -> dict:
+    """Read, compose with its scale, override, default and validate a config file."""
+    path = Path(path)
+    own = read_mapping(path)
+    raw = compose(own, path)
     raw.setdefault("name", path.stem)
     if os.environ.get(PLANNED_ENV):
         as_filed = validate(copy.deepcopy(raw), source=str(path))  # the file's own settings, as planned
-        _check_planned(path, as_filed)
+        _check_planned(path, as_filed, scale_file(path, own))
         if not overrides:
             return as_filed
     return validate(apply_overrides(raw, overrides), source=str(path))
@@ -471,8 +545,9 @@ def planned_stamp(path: str | Path, cfg: dict) -> str:
     return json.dumps({"file": checkout_relative(path), "hash": config_hash(cfg)})
 
 
-def _check_planned(path: Path, cfg: dict) -> None:
-    """Refuse a config file whose settings differ from those the workflow planned its jobs with."""
+def _check_planned(path: Path, cfg: dict, scale: Path | None = None) -> None:
+    """Refuse a config file whose settings (on its ``scale`` file's) differ from those the workflow planned
+    its jobs with."""
     try:
         planned = json.loads(os.environ[PLANNED_ENV])
         file, digest = planned["file"], planned["hash"]
@@ -481,7 +556,8 @@ def _check_planned(path: Path, cfg: dict) -> None:
                           f"({os.environ[PLANNED_ENV][:80]!r}); unset it") from None
     if file == checkout_relative(path) and digest != config_hash(cfg):
         raise ConfigError(
-            f"config file {path} was edited after the workflow planned this job from it: it would run with "
+            f"config file {path}{f' or its scale file {scale}' if scale else ''} was edited after the workflow "
+            "planned this job from it: it would run with "
             "settings Snakemake did not record, so nothing was run. When the edit is done, run snakemake again: "
             "it plans the jobs the edit affects")
 
