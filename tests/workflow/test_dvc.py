@@ -251,6 +251,33 @@ def test_each_stage_tracks_its_folder_with_its_params_and_code():
     assert len(data_owner) >= 2
 
 
+def test_a_scale_files_sections_are_params_of_the_scale_file(tmp_path):
+    """A config extending a scale: each stage's sections are params of the file that sets them (DVC
+    refuses a param its file lacks), so an edit of the scale reruns the stages that read what changed."""
+    from mwm.config import load_config
+    from mwm.workflow import dvc as dvcgen
+
+    folder = tmp_path / "config"
+    (folder / "scales").mkdir(parents=True)
+    scale = folder / "scales" / "s.yaml"
+    scale.write_text("data: {corpus: shakespeare, vocab_size: 256}\nmodel: {n_layer: 2, n_head: 2, n_embd: 32}\n"
+                     "train: {batch_size: 8}\n")
+    path = folder / "x.yaml"
+    path.write_text("extends: scales/s.yaml\ntrain: {max_iters: 16}\ngrid: {assignments: [none], seeds: [0]}\n")
+    cwd = os.getcwd()
+    os.chdir(REPO)
+    try:
+        stages = dvcgen.pipeline(str(path), load_config(path), set())["stages"]
+    finally:
+        os.chdir(cwd)
+    params = {kind: {f: set(keys) for p in st.get("params", []) for f, keys in p.items()}
+              for kind, st in stages.items()}
+    assert params["data"] == {str(scale): {"data"}}
+    assert params["runs"][str(scale)] == {"model", "train"} and {"train", "grid"} <= params["runs"][str(path)]
+    assert "model" not in params["runs"][str(path)]
+    assert "studies" in params["studies"][str(path)]  # a section no file sets stays the config file's
+
+
 def test_code_deps_cover_every_module_the_entry_point_imports():
     """Read independently of the generator: every package module a data or figures stage's tracked
     code imports (inside functions too) lies under one of the stage's code deps."""
@@ -794,11 +821,12 @@ def test_a_cluster_configs_stages_submit_through_its_profile_and_the_others_run_
 def test_a_profile_name_that_is_not_a_name_is_refused(tmp_path):
     from mwm.config import ConfigError, load_config
 
+    from mwm.config import read_config
+
     bad = tmp_path / "bad.yaml"
-    bad.write_text((REPO / CI).read_text() + "\n")
-    text = bad.read_text()
-    bad.write_text(text.replace("workflow:", "workflow:\n  dvc_profile: ../../etc", 1) if "workflow:" in text
-                   else text + "workflow:\n  dvc_profile: ../../etc\n")
+    raw = read_config(REPO / CI)  # on its scale: the copy lies outside config/
+    raw["workflow"]["dvc_profile"] = "../../etc"
+    bad.write_text(yaml.safe_dump(raw))
     with pytest.raises(ConfigError, match="dvc_profile"):
         load_config(bad)
 

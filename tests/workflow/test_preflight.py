@@ -64,3 +64,42 @@ def test_a_dvc_stage_whose_outputs_lead_out_is_refused(here, tmp_path_factory):
     check_dvc_stage(folders, {"DVC_STAGE": "dvc.yaml:data"})  # another stage's folder
     with pytest.raises(ConfigError, match="DVC stage runs: results/runs/tiny is .*outside the repository"):
         check_dvc_stage(folders, {"DVC_STAGE": "dvc.yaml:runs"})
+
+
+def _extending(tiny_config, here):
+    """A tiny config whose model and batch size come from config/scales/tiny.yaml (the file extends it)."""
+    path = tiny_config(folder=here / "config")
+    raw = _raw(path)
+    scale = {"model": raw.pop("model"), "train": {"batch_size": raw["train"].pop("batch_size")}}
+    (here / "config" / "scales").mkdir()
+    (here / "config" / "scales" / "tiny.yaml").write_text(yaml.safe_dump(scale))
+    path.write_text(yaml.safe_dump({"extends": "scales/tiny.yaml", **raw}))
+    return path
+
+
+def test_a_config_extending_a_scale_passes_as_snakemake_merges_it(tiny_config, here):
+    """Snakemake reads the file alone (extends, no model): the workflow composes it with the scale as
+    load_config does, and a merge that differs from the scale's settings is still refused."""
+    path = _extending(tiny_config, here)
+    merged = _raw(path)
+    assert "extends" in merged and "model" not in merged
+    plan = preflight(str(path), str(here), {}, merged, False, {})
+    assert plan.cfg == load_config(path) and plan.cfg["model"]["n_embd"] == 16
+    assert (plan.cfg["train"]["batch_size"], plan.cfg["train"]["max_iters"]) == (4, 12)  # the scale's, the file's
+    merged["model"] = {"n_layer": 1}
+    with pytest.raises(ConfigError, match="--config overrides are not supported"):
+        preflight(str(path), str(here), {}, merged, False, {})
+
+
+def test_a_scale_edited_after_planning_fails_the_job_that_reads_it(tiny_config, here, monkeypatch):
+    path = _extending(tiny_config, here)
+    env = {}
+    preflight(str(path), str(here), {}, _raw(path), False, env)
+    monkeypatch.setenv(PLANNED_ENV, env[PLANNED_ENV])
+    load_config(path)  # as planned
+    scale = here / "config" / "scales" / "tiny.yaml"
+    raw = _raw(scale)
+    raw["train"]["batch_size"] += 1
+    scale.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match="or its scale file .*tiny.yaml was edited after the workflow planned"):
+        load_config(path)

@@ -5,7 +5,8 @@ Snakemake builds; DVC versions and shares what it built. The embedded default is
 ``pipelines/<name>/dvc.yaml``. Each is rendered from the config alone (no Snakemake run) by
 :func:`pipeline`: the stages ``data``, ``runs``, ``studies``, ``figures`` the config makes
 (:func:`mwm.workflow.stages.products`), each ``snakemake --allowed-rules <its rules> -- <its target>`` tracking
-one folder. A stage reruns on its config sections (``params``), its rule file and schema, and:
+one folder. A stage reruns on its config sections (``params``: of the config file, and of the scale file it
+extends where that sets them), its rule file and schema, and:
 
 - ``runs``, ``studies``: the numerics version, not their code (a refactor retrains nothing; a
   numerics change retrains all, as in Snakemake);
@@ -35,7 +36,7 @@ from pathlib import Path
 
 import yaml
 
-from mwm.config import ConfigError, load_config
+from mwm.config import ConfigError, compose, load_config, read_mapping, scale_file
 from mwm.io import atomic_write_text
 from mwm.paths import leads_out
 from mwm.plan.runs import Plan
@@ -139,10 +140,17 @@ def _file_sets(raw: dict, dotted: str) -> bool:
     return True
 
 
+def _posix(path: Path) -> str:
+    return Path(os.path.normpath(path)).as_posix()
+
+
 def pipeline(cfg_path: str, cfg: dict, owned_data: set[str]) -> dict:
     """The pipeline of one config (``cfg``, loaded from ``cfg_path``); ``owned_data``: the data folders
     earlier pipelines track (updated)."""
-    raw = yaml.safe_load(Path(cfg_path).read_text()) or {}
+    own = read_mapping(cfg_path)
+    scale = scale_file(cfg_path, own)
+    scale_raw = read_mapping(scale, what="scale file") if scale else {}
+    raw = compose(own, cfg_path)
     plan = Plan(cfg)
     where = plan.folders
     kinds = products(cfg)
@@ -162,7 +170,12 @@ def pipeline(cfg_path: str, cfg: dict, owned_data: set[str]) -> dict:
         stage = {"cmd": f"snakemake {where_jobs} --configfile {shlex.quote(cfg_path)} --allowed-rules "
                         f"{' '.join(rules)} {kind} -- {kind}",
                  "deps": [*ups, f"rules/{rule_file}.smk", *schemas, *(code_deps(entry) if entry else [])]}
-        params = ([{cfg_path: sections}] if sections else []) + ([] if entry else [dict(NUMERICS)])
+        # each section from the file that sets it: DVC refuses a param its file lacks (one no file sets stays
+        # the config file's, as without a scale)
+        mine = [s for s in sections if _file_sets(own, s) or "." not in s and not _file_sets(scale_raw, s)]
+        scaled = [s for s in sections if _file_sets(scale_raw, s)]
+        params = ([{cfg_path: mine}] if mine else []) + ([{_posix(scale): scaled}] if scaled else []) \
+            + ([] if entry else [dict(NUMERICS)])
         if params:
             stage["params"] = params
         stage["outs"] = [{where[kind]: {"persist": True}} if kind in PERSISTENT else where[kind]]

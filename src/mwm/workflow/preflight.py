@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Mapping, MutableMapping
 
-from mwm.config import PLANNED_ENV, ConfigError, exponent_floats, load_config, planned_stamp, validate
+from mwm.config import PLANNED_ENV, ConfigError, compose, exponent_floats, load_config, planned_stamp, validate
 from mwm.data import DataError, TokenDataset, dataset_dir
 from mwm.paths import CONFIG_ENV, first_on_pythonpath, inside, leads_out
 from mwm.plan.checks import check_config, check_splits
@@ -43,7 +43,7 @@ def data_meta(path: Path) -> dict | None:
 def load_checked(config_file: str, given: Mapping, merged: Mapping) -> dict:
     """The validated config of ``config_file``, every check that needs no job done: ``given`` is what
     ``--config`` set on Snakemake's command line (refused), ``merged`` the config as Snakemake merged it
-    (must equal the file's: the entry points read the file itself)."""
+    (on its scale file, must equal the file's: the entry points read the file itself)."""
     if given:  # before validation: a --config value would otherwise read as a type error in the file
         raise ConfigError(
             f"--config {' '.join(sorted(given))} on the command line is refused: the entry points "
@@ -59,7 +59,8 @@ def load_checked(config_file: str, given: Mapping, merged: Mapping) -> dict:
     if meta is not None:  # made already (maybe by another config): its splits against block_size
         check_splits(cfg, meta, str(meta_path), source=config_file)
     check_owner(RESULTS_ROOT, cfg, config_file)  # a copied config keeping the name is refused
-    raw = exponent_floats(dict(merged))  # Snakemake reads YAML 1.1: "1e6" is a string there
+    # Snakemake reads YAML 1.1 ("1e6" is a string there) and knows nothing of extends: the file's keys alone
+    raw = compose(exponent_floats(dict(merged)), config_file)
     raw.setdefault("name", os.path.splitext(os.path.basename(config_file))[0])
     if validate(raw, source=f"{config_file} (as Snakemake merged it)") != cfg:
         raise ConfigError(
