@@ -8,7 +8,7 @@ import numpy as np
 import yaml
 
 import mwm.train.cli
-from mwm.config import load_config
+from mwm.config import load_config, read_config
 import mwm.train.loop
 import importlib.util
 import os
@@ -47,13 +47,13 @@ TINY = {
 def write_config(path, base=None, **overrides):
     """Write a tiny config to ``path`` and return the path.
 
-    ``base``: the config to start from (a dict, or a YAML file such as config/ci.yaml); ``TINY``
+    ``base``: the config to start from (a dict, or a config file such as config/ci.yaml, on its scale); ``TINY``
     when None. Overrides: ``section__key=value`` sets one key of a section, ``section={...}``
     updates a section key by key, any other ``key=value`` (``name="x"``) sets a top-level value."""
     if base is None:
         base = TINY
     elif not isinstance(base, dict):
-        base = yaml.safe_load(Path(base).read_text())
+        base = read_config(base)  # on its scale: the copy may lie outside config/
     cfg = yaml.safe_load(yaml.safe_dump(base))  # a deep copy: the base is never changed
     for key, value in overrides.items():
         if "__" in key:

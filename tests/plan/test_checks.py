@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from mwm.plan.checks import check_config, check_splits, min_split_tokens
 from mwm.config import ConfigError, load_config
@@ -82,9 +83,10 @@ def _dry(repo, cfg):
 @needs_snakemake
 def test_workflow_refuses_heads_that_do_not_divide_before_any_job(tmp_path):
     repo = repo_copy(tmp_path / "repo")
-    text = (repo / "config" / "ci.yaml").read_text()
-    (repo / "config" / "heads.yaml").write_text(text.replace("name: ci", "name: heads").replace("n_head: 2",
-                                                                                                "n_head: 3"))
+    raw = yaml.safe_load((repo / "config" / "ci.yaml").read_text())
+    raw["name"] = "heads"
+    raw.setdefault("model", {})["n_head"] = 3  # over its scale's model (n_embd 32)
+    (repo / "config" / "heads.yaml").write_text(yaml.safe_dump(raw))
     rc, out = _dry(repo, "config/heads.yaml")
     assert rc != 0 and "n_embd=32 is not divisible by n_head=3" in out and "config/heads.yaml" in out, out[-2000:]
     assert "rule prepare_data" not in out

@@ -22,7 +22,7 @@ import re
 import shlex
 import shutil
 from fakedata import HAS_SNAKEMAKE, alias_bomb, repo_copy, snakemake_in
-from mwm.config import load_config
+from mwm.config import load_config, read_config
 from mwm.paths import CONFIG_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -202,7 +202,7 @@ def test_a_config_whose_every_run_diverges_still_completes_its_dag(tmp_path, sou
     still ends green: every run `unstable`, the absorption study without pairs, the solver
     study "not captured" with the reason, and the report showing both (study_solvers
     exits 0)."""
-    cfg = yaml.safe_load((ROOT / "config" / "ci.yaml").read_text())
+    cfg = read_config(ROOT / "config" / "ci.yaml")  # on its scale: the copy lies outside config/
     cfg["name"] = "alldiv"
     cfg["train"].update(learning_rate=1.0e6, muon_lr=1.0e6, keep_final_checkpoint=False)
     cfg["grid"] = {"assignments": ["none", "adamw", "dgram"] + (["stiefel"] if source == "grid" else []),
@@ -269,7 +269,7 @@ def test_workflow_refuses_dotdot_name_in_a_throwaway_copy(tmp_path, name):
     """`name: ".."` made the report's directory() output the repository itself (Snakemake
     deletes it before the job). Dry run in a copy: refused before any job is planned."""
     repo = repo_copy(tmp_path / "repo")
-    cfg = yaml.safe_load((repo / "config" / "ci.yaml").read_text())
+    cfg = read_config(repo / "config" / "ci.yaml")
     cfg["name"] = name
     (repo / "bad.yaml").write_text(yaml.safe_dump(cfg))
     proc = snakemake_in(repo, "--configfile", "bad.yaml", "--dry-run", "--nolock", "--cores", "1", "all")
@@ -284,7 +284,7 @@ def test_rules_quote_a_config_path_with_a_space(tmp_path):
     repo = repo_copy(tmp_path / "repo")
     cfg_dir = repo / "my configs"
     cfg_dir.mkdir()
-    shutil.copy(repo / "config" / "ci.yaml", cfg_dir / "ci.yaml")
+    (cfg_dir / "ci.yaml").write_text(yaml.safe_dump(read_config(repo / "config" / "ci.yaml")))
     proc = snakemake_in(repo, "--configfile", "my configs/ci.yaml", "--dry-run", "--printshellcmds",
                         "--forceall", "--nolock", "--cores", "1", "all")
     out = proc.stdout + proc.stderr
@@ -350,7 +350,7 @@ def test_plain_snakemake_reruns_incomplete_jobs(tmp_path):
 @pytest.mark.skipif(not HAS_SNAKEMAKE, reason="snakemake not installed")
 def test_workflow_accepts_exponent_numbers(tmp_path):
     repo = repo_copy(tmp_path / "repo")
-    text = (repo / "config" / "ci.yaml").read_text()
+    text = yaml.safe_dump(read_config(repo / "config" / "ci.yaml"))
     assert "max_iters: " in text
     import re
 
