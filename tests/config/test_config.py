@@ -430,3 +430,33 @@ def test_a_scale_edited_after_the_workflow_planned_is_refused(tmp_path, monkeypa
     with pytest.raises(ConfigError, match=r"c\.yaml or its scale file .*s\.yaml was edited after the workflow"):
         load_config(path)
 
+
+
+def test_configs_of_one_scale_share_its_sections():
+    """Each shipped scale is extended by a config, holds no experiment (no name, no grid), and the
+    configs that extend it train at its sizes: the same data and model where they do not set their own."""
+    scales = sorted((ROOT / "config" / "scales").glob("*.yaml"))
+    assert {p.stem for p in scales} >= {"ci", "laptop", "gpt2"}
+    users: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "config").glob("*.yaml")):
+        raw = config.read_mapping(path)
+        if "extends" in raw:
+            users.setdefault(raw["extends"], []).append(path.name)
+    for scale in scales:
+        raw = config.read_mapping(scale)
+        assert "name" not in raw and "grid" not in raw and "extends" not in raw, scale
+        names = users.get(f"scales/{scale.name}")
+        assert names, f"{scale} is extended by no config"
+        for section in ("data", "model"):
+            loaded = [load_config(ROOT / "config" / n)[section] for n in names
+                      if section not in config.read_mapping(ROOT / "config" / n)]
+            assert all(x == loaded[0] for x in loaded), (scale, section)
+    ci = {n: load_config(ROOT / "config" / n) for n in users["scales/ci.yaml"]}
+    assert {"ci.yaml", "ci-mechanism2.yaml"} <= set(ci)
+    assert ci["ci.yaml"]["model"] == ci["ci-mechanism2.yaml"]["model"] and ci["ci.yaml"]["model"]["n_embd"] == 32
+    assert ci["ci.yaml"]["data"] == ci["ci-mechanism2.yaml"]["data"]
+    # a file's own key on a scale's mapping: ci asks the scale's train resources for a GPU as well
+    train = {k: v for k, v in ci["ci.yaml"]["workflow"]["resources"]["train"].items() if k != "gpu"}
+    assert train == {k: v for k, v in ci["ci-mechanism2.yaml"]["workflow"]["resources"]["train"].items() if k != "gpu"}
+    assert (ci["ci.yaml"]["workflow"]["resources"]["train"]["gpu"],
+            ci["ci-mechanism2.yaml"]["workflow"]["resources"]["train"]["gpu"]) == (1, 0)

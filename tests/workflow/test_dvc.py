@@ -278,6 +278,30 @@ def test_a_scale_files_sections_are_params_of_the_scale_file(tmp_path):
     assert "studies" in params["studies"][str(path)]  # a section no file sets stays the config file's
 
 
+def test_every_param_of_a_committed_pipeline_is_set_by_its_file():
+    """DVC fails a stage whose params file lacks a key it lists: each is set by the config or its scale."""
+    from mwm.config import read_mapping
+    from mwm.workflow import dvc as dvcgen
+
+    cwd = os.getcwd()
+    os.chdir(REPO)
+    try:
+        files = {path: yaml.safe_load(path.read_text()) for path in dvcgen.written()}
+        scaled = set()
+        for path, content in files.items():
+            for kind, st in content["stages"].items():
+                for file, keys in ((f, k) for entry in st.get("params", []) for f, k in entry.items()):
+                    if file in dvcgen.NUMERICS:
+                        continue
+                    raw = read_mapping(file)
+                    scaled |= {file} if file.startswith("config/scales/") else set()
+                    missing = [k for k in keys if not dvcgen._file_sets(raw, k)]
+                    assert not missing, (path, kind, file, missing)
+    finally:
+        os.chdir(cwd)
+    assert {"config/scales/ci.yaml", "config/scales/laptop.yaml"} <= scaled
+
+
 def test_code_deps_cover_every_module_the_entry_point_imports():
     """Read independently of the generator: every package module a data or figures stage's tracked
     code imports (inside functions too) lies under one of the stage's code deps."""
