@@ -1,95 +1,12 @@
-"""mwm.paper: the paper's claims and their verdict rules, fixed before the data, judged by one pure
-function (``judge``) the same way whichever way a result falls."""
+"""mwm.paper.causal: the causal experiments' rules, round 1's fixed shares and the per-baseline rounds' exact
+binomial statistics with Holm, each verdict reached on made-up cells and no rule that can only pass."""
+
+import itertools
+
+import pytest
 
 from mwm import paper
-
-
-def test_rules_decide_comparability_before_the_data():
-    c = paper.claim("loss.hetero")  # needs paper scale
-    for x in (c.value, c.value + 1.0):  # in and out of the window alike
-        assert paper.judge(c, x, caps={"any"}, seeds=3)[0] == paper.NC
-    assert paper.judge(c, c.value, caps={"any", "paper"}, seeds=1)[0] == "reproduced"
-    assert paper.judge(c, c.value + 1.0, caps={"any", "paper"}, seeds=1)[0] == "not reproduced"
-    assert paper.judge(c, None, caps={"any", "paper"})[0] == paper.NC
-
-
-def test_loss_ordering_needs_three_seeds_and_a_gap_above_the_spread():
-    c = paper.claim("loss.order")
-    ok = {"hetero": [3.30, 3.31, 3.30], "stiefel": [3.40, 3.41, 3.40], "none": [3.50, 3.51, 3.50]}
-    assert paper.judge(c, ok)[0] == "reproduced"
-    rev = {"hetero": ok["none"], "stiefel": ok["stiefel"], "none": ok["hetero"]}
-    assert paper.judge(c, rev)[0] == "not reproduced"  # symmetric: a resolved wrong order is a finding
-    two = {k: v[:2] for k, v in ok.items()}
-    assert paper.judge(c, two)[0] == paper.TOO_FEW
-    noisy = {"hetero": [3.30, 3.45, 3.38], "stiefel": [3.40, 3.41, 3.40], "none": [3.50, 3.51, 3.50]}
-    verdict, why = paper.judge(c, noisy)
-    assert verdict == paper.TOO_FEW and "spread" in why
-
-
-def test_loss_ordering_sees_a_resolved_reversal_behind_an_unresolved_link():
-    c = paper.claim("loss.order")
-    # the default DAG's pattern: hetero-stiefel unresolved, stiefel-none resolved the other way
-    behind = {"hetero": [4.53, 4.54, 4.545], "stiefel": [4.52, 4.53, 4.523], "none": [4.37, 4.38, 4.381]}
-    verdict, why = paper.judge(c, behind)
-    assert verdict == "not reproduced" and "none" in why and "stiefel" in why
-    # the same reversal in the first link, the second unresolved
-    first = {"hetero": [3.50, 3.51, 3.50], "stiefel": [3.40, 3.41, 3.40], "none": [3.405, 3.40, 3.41]}
-    assert paper.judge(c, first)[0] == "not reproduced"
-    # neighbours unresolved both, the outer pair resolved against the order: a reversal all the same
-    outer = {"hetero": [3.50, 3.40, 3.46], "stiefel": [3.40, 3.50, 3.45], "none": [3.30, 3.40, 3.35]}
-    assert paper.judge(c, outer)[0] == "not reproduced"
-    # in order where resolved, one link open: too few seeds, never reproduced
-    partly = {"hetero": [3.30, 3.31, 3.30], "stiefel": [3.40, 3.41, 3.40], "none": [3.405, 3.40, 3.41]}
-    assert paper.judge(c, partly)[0] == paper.TOO_FEW
-    # symmetric: mirrored data gives the mirrored verdict
-    mirrored = {"hetero": behind["none"], "stiefel": behind["stiefel"], "none": behind["hetero"]}
-    assert paper.judge(c, mirrored)[0] == paper.TOO_FEW
-    tuned = paper.claim("sweep.order_tuned")
-    assert paper.judge(tuned, behind, caps={"any", "sweep"}, seeds=3)[0] == "not reproduced"
-
-
-def test_every_claim_has_a_section_a_paper_value_and_a_stated_rule():
-    ids = [c.id for c in paper.CLAIMS]
-    assert len(ids) == len(set(ids))
-    for c in paper.CLAIMS:
-        assert c.section and c.paper and c.rule.describe(), c.id
-        if c.rule.kind == "window":
-            assert c.rule.lo <= c.rule.hi, c.id
-        if c.rule.needs != "any":
-            assert c.rebuild, c.id  # a row that cannot be rebuilt here names the config that can
-
-
-def test_stability_edge_rule_gives_each_verdict_on_made_up_edges():
-    c = paper.claim("sweep.stability_edge")
-    caps = {"any", "sweep"}
-    below = {"dgram": 3, "hetero-inv": 4, "stiefel": 6, "hetero": 5}
-    assert paper.judge(c, below, caps=caps, seeds=3)[0] == "reproduced"
-    above = {"dgram": 6, "hetero-inv": 5, "stiefel": 3, "hetero": 4}
-    assert paper.judge(c, above, caps=caps, seeds=3)[0] == "not reproduced"  # reversed: a finding
-    overlap = {"dgram": 3, "hetero-inv": 5, "stiefel": 4, "hetero": 6}
-    assert paper.judge(c, overlap, caps=caps, seeds=3)[0] == paper.UNRESOLVED
-    tie = {a: 8 for a in below}  # every assignment stable at every rate: no edge inside the sweep
-    assert paper.judge(c, tie, caps=caps, seeds=3)[0] == paper.UNRESOLVED
-    assert paper.judge(c, below, caps=caps, seeds=1)[0] == paper.TOO_FEW
-    assert paper.judge(c, below, caps={"any"}, seeds=3)[0] == paper.NC  # the default config has no sweep
-    assert paper.judge(c, {"dgram": 1}, caps=caps, seeds=3)[0] == paper.NC
-
-
-def test_intervention_and_tuned_order_rules():
-    caps = {"any", "sweep"}
-    c = paper.claim("sweep.cap_restores")
-    assert paper.judge(c, True, caps=caps, seeds=3)[0] == "reproduced"
-    assert paper.judge(c, False, caps=caps, seeds=3)[0] == "not reproduced"  # a negative result is a finding
-    assert paper.judge(c, True, caps=caps, seeds=2)[0] == paper.TOO_FEW
-    assert paper.judge(c, None, caps=caps, seeds=3, reason="nothing to intervene on")[0] == paper.NC
-    o = paper.claim("sweep.order_tuned")
-    ok = {"hetero": [3.30, 3.31, 3.30], "stiefel": [3.40, 3.41, 3.40], "none": [3.50, 3.51, 3.50]}
-    assert paper.judge(o, ok, caps=caps, seeds=3)[0] == "reproduced"
-    assert paper.judge(o, {"hetero": ok["none"], "stiefel": ok["stiefel"], "none": ok["hetero"]}, caps=caps,
-                       seeds=3)[0] == "not reproduced"
-    s = paper.claim("sweep.shared_rate")
-    assert paper.judge(s, 2.0, caps=caps, seeds=3)[0] == "reproduced"
-    assert paper.judge(s, 4.0, caps=caps, seeds=3)[0] == "not reproduced"
+from mwm.stats import binomial_p, clopper_pearson
 
 
 def test_restore_rule_falls_either_way_and_needs_failures_to_restore():
@@ -136,11 +53,6 @@ def test_mechanism_failure_margin_is_the_divergence_rules_threshold():
     assert paper.judge(c, 0.25, caps=caps, seeds=6)[0] == "not reproduced"
 
 
-# --- the second mechanism experiment (mech2.*): exact binomial statistics and Holm --------------------------
-import itertools  # noqa: E402
-
-import pytest  # noqa: E402
-
 #: The second round, whose arms and rates these tests build.
 ROUND2 = paper.ROUNDS["mechanism2"]
 
@@ -160,7 +72,7 @@ def test_mech2_contrast_counts_and_status():
                                    harmed_unchecked=2, missing=3))
     assert (c["failed"], c["tested"], c["restored"], c["untested"]) == (12, 10, 9, 2)
     assert (c["harm"], c["harm_of"], c["missing"], c["cells"]) == (3, 13, 3, 28)  # harm whatever the check
-    assert c["status"] == "tested" and c["ci"] == paper.clopper_pearson(9, 10) and c["p"] == paper.binomial_p(9, 10)
+    assert c["status"] == "tested" and c["ci"] == clopper_pearson(9, 10) and c["p"] == binomial_p(9, 10)
     assert paper.mech2_contrast(cells(trained=12))["status"] == "nothing to restore"
     assert paper.mech2_contrast(cells(trained=12))["ci"] is None
     assert paper.mech2_contrast(cells(restored=6, untested=3, unknown=3))["status"] == "tested"  # exactly half
@@ -304,10 +216,3 @@ def test_no_mech2_rule_can_only_pass():
             seen = {paper.judge(c, v[c.id], caps=CAPS2, seeds=12)[0] for v in inputs}
             assert seen == {"reproduced", "not reproduced", paper.UNRESOLVED, paper.NOT_TESTED}, c.id
         assert seen - {"reproduced"} and ("reproduced" in seen or c.rule.kind == "cause_outcomes"), c.id
-
-
-def test_every_claim_is_judged_by_its_rule_kind_and_an_unknown_kind_is_refused():
-    assert {c.rule.kind for c in paper.CLAIMS} <= set(paper._JUDGES)
-    odd = paper.Claim("x.odd", "a claim", "0", "1.0", paper.Rule("median"))
-    with pytest.raises(ValueError, match="claim x.odd: unknown rule kind 'median'"):
-        paper.judge(odd, 1.0)

@@ -1,5 +1,9 @@
 """The paper's stated numbers, each with its section and the rule that judges a rebuilt value.
 
+How a rule is written and judged is :mod:`mwm.paper.rules`; the causal experiments' rules and decision
+procedure, with each mechanism round's rows, are :mod:`mwm.paper.causal`; this module holds the claims
+(:data:`CLAIMS`) and :func:`judge`, and re-exports both modules' names.
+
 One source of truth for the studies and the report (torch-free). Every number the
 paper (arXiv 2606.13276; its text is at ``../shared/paper/blog-post.txt`` beside a
 developer's checkout) states gets a :class:`Claim`: the paper's value, its section, and a :class:`Rule` fixed before
@@ -63,11 +67,14 @@ expressiveness).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
-from mwm.experiments import EXPERIMENTS, MechRound
-from mwm.stats import binomial_p, clopper_pearson, holm, holm_adjusted
+from mwm.paper.causal import (CHECK_SHARE, CI_LEVEL, FAIL_MARGIN, FAIL_MARGINS_SENSITIVITY, FAIL_SHARE,
+                              MECH2_BASELINES, MECH2_OUTCOMES, MIN_FAILED_CELLS, RESTORE_NULL, RESTORE_SHARE, ROUNDS,
+                              mech2_contrast, mech2_outcome, mech_primary_decisions, mech_values, round_claims)
+from mwm.paper import causal, rules
+from mwm.paper.rules import (CAUSE_VERDICTS, INCOMPLETE, NC, NOT_TESTED, TOO_FEW, UNRESOLVED, VERDICTS, Claim, Rule,
+                             factor, window)
 
 __all__ = ["VERDICTS", "NC", "TOO_FEW", "Rule", "Claim", "CLAIMS", "claim", "judge", "alpha_numbers",
            "paper_fit_alpha", "paper_fit_label", "GELU_BOUND", "ALPHA_FIT", "LOSSES", "LOSS_ORDER", "ONSETS",
@@ -76,20 +83,7 @@ __all__ = ["VERDICTS", "NC", "TOO_FEW", "Rule", "Claim", "CLAIMS", "claim", "jud
            "CAUSE_VERDICTS", "HETEROINV_OSCILLATION", "NONE_MLP_PEAK", "MSIGN_OVERHEAD", "NOT_TESTED",
            "RESTORE_NULL", "CI_LEVEL", "FAIL_MARGINS_SENSITIVITY",
            "CHECK_SHARE", "MECH2_BASELINES", "MECH2_OUTCOMES", "mech2_contrast", "mech2_outcome",
-           "mech_primary_decisions", "mech_values", "INCOMPLETE", "ROUNDS"]
-
-NC = "not comparable at this scale"
-TOO_FEW = "too few seeds"
-UNRESOLVED = "not resolved"
-#: The mechanism experiment's verdicts (rule kind ``cause``), besides "not resolved".
-CAUSE_VERDICTS = ("saturation supported", "solver supported", "both supported", "neither supported")
-#: The second mechanism experiment's verdict for a contrast whose manipulation check did not hold.
-NOT_TESTED = "not tested"
-#: Every verdict of a report drawn from part of its config's grid (``python -m mwm.report --partial``): the
-#: rules are written for the whole grid, so none is applied to part of it.
-INCOMPLETE = "not judged: incomplete"
-VERDICTS = ("reproduced", "not reproduced", TOO_FEW, NC, "contradicted by an audit", UNRESOLVED, *CAUSE_VERDICTS,
-            NOT_TESTED, INCOMPLETE)
+           "mech_primary_decisions", "mech_values", "INCOMPLETE", "ROUNDS", "JUDGES", "round_claims"]
 
 #: Section 2: alpha_opt(n) ~ 0.003 n^0.67 over n >= 32, r^2 = 0.74.
 ALPHA_FIT = {"prefactor": 0.003, "exponent": 0.67, "r2": 0.74, "min_n": 32}
@@ -123,36 +117,6 @@ DGRAM_ATTENTION = ("dgram", "hetero-inv")
 STIEFEL_ATTENTION = ("stiefel", "hetero")
 #: Beyond the paper: how far (a factor) the shared rate may be from an assignment's best.
 SHARED_RATE_FACTOR = 2.0
-#: The mechanism experiment (fixed before its first run). A run failed to train iff it did not complete
-#: (the divergence rule) or its final val loss exceeds that of the worse Stiefel-attention reference
-#: (All Stiefel, Hetero) at the same step size and seed by more than FAIL_MARGIN nats (the divergence
-#: rule's default threshold, the schema's train.divergence.threshold).
-FAIL_MARGIN = 0.5
-#: An intervention restores training iff it trains in at least RESTORE_SHARE[1] of the (baseline, rate, seed)
-#: cells where the plain arm failed, and does not iff in at most RESTORE_SHARE[0]; between: not resolved.
-RESTORE_SHARE = (1 / 3, 2 / 3)
-#: Fewer failed cells than this leave an intervention's contrast "not resolved" (nothing to restore).
-MIN_FAILED_CELLS = 4
-#: mech.fails: at the experiment's largest step size, at least this share of the plain DGram-attention
-#: runs must fail for "reproduced".
-FAIL_SHARE = 0.5
-
-# The second mechanism experiment (config/mechanism2.yaml; fixed before its first run). A run failed by the
-# FAIL_MARGIN rule above; 0.3 and 1.0 only feed a sensitivity table, never a verdict.
-FAIL_MARGINS_SENSITIVITY = (0.3, FAIL_MARGIN, 1.0)
-#: Each baseline is its own experiment: All DGram, and Hetero-inv (DGram attention + Stiefel MLP).
-MECH2_BASELINES = ("dgram", "hetero-inv")
-#: The share restored is tested against this (and mech2.fails' failed share against FAIL_SHARE).
-RESTORE_NULL = 0.5
-#: Two-sided Clopper-Pearson intervals at this level; 1 - CI_LEVEL is the Holm family's alpha.
-CI_LEVEL = 0.95
-#: A contrast is "not tested" when the intervention's manipulation check failed or is unknown in more than this
-#: share of the cells where its baseline's plain arm failed.
-CHECK_SHARE = 0.5
-#: A contrast's outcome (mech2_outcome), as the cause rows read it.
-MECH2_OUTCOMES = ("restores", "does not restore", UNRESOLVED, NOT_TESTED)
-
-
 def paper_fit_alpha(n: float) -> float:
     """The paper's own fit ``0.003 n^0.67`` at ``n``."""
     return ALPHA_FIT["prefactor"] * n ** ALPHA_FIT["exponent"]
@@ -163,46 +127,6 @@ def paper_fit_label() -> str:
     return f"{ALPHA_FIT['prefactor']:g}n^{ALPHA_FIT['exponent']:g}"
 
 
-@dataclass(frozen=True)
-class Rule:
-    kind: str  # window | audit | order | edge | test | restore | cause | share_ci | restore_ci | cause_outcomes
-    lo: float | None = None
-    hi: float | None = None
-    min_seeds: int = 1
-    needs: str = "any"
-    text: str = ""
-
-    def describe(self) -> str:
-        parts = [self.text] if self.text else []
-        if self.kind == "window" and not self.text:
-            parts.append(f"reproduced iff {self.lo:g} <= x <= {self.hi:g}")
-        if self.min_seeds > 1:
-            parts.append(f">= {self.min_seeds} seeds")
-        if self.needs != "any":
-            parts.append(f"comparable only with {self.needs}")
-        return "; ".join(parts)
-
-
-@dataclass(frozen=True)
-class Claim:
-    id: str
-    claim: str
-    section: str
-    paper: str
-    rule: Rule
-    rebuild: str = "config/paper.yaml"
-    value: Any = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
-
-
-def _w(lo, hi, text="", **kw) -> Rule:
-    return Rule("window", lo, hi, text=text, **kw)
-
-
-def _factor(x: float, f: float, **kw) -> Rule:
-    return Rule("window", x / f, x * f, text=f"within {f:g}x of {x:g}", **kw)
-
-
 _A = "config/paper.yaml (studies: n = 16..1024)"
 _P = "config/paper.yaml (GPT-2 small, OpenWebText, 50k steps)"
 _L = "config/long.yaml (or paper scale)"
@@ -211,122 +135,60 @@ _M = "config/mechanism.yaml (the pre-registered causal experiment, >= 6 seeds)"
 _ABS = ("config/config.yaml or paper.yaml (the paper's absorption protocol: 200 reference iterations, T = 20, "
         "T = 5 vs 100)")
 
-_MECH2_LABEL = {"dgram": "All DGram", "hetero-inv": "Hetero-inv (DGram attention, Stiefel MLP)"}
-_MECH2_FAILED = (f"failed: not completed, or final val loss > the worse of All Stiefel / Hetero at the same rate and "
-                 f"seed + {FAIL_MARGIN:g} nats")
-
-#: Every round of the per-baseline mechanism experiment, by its report (``workflow.report``): each is declared
-#: in its experiment's module (:mod:`mwm.experiments`), and :func:`_mech_claims` writes its rows.
-ROUNDS = {name: e.round for name, e in EXPERIMENTS.items() if e.round is not None}
-
-
-def _mech_restore_text(rnd: MechRound, b: str, kind: str) -> str:
-    check = ("those where the twin's manipulation check passed are tested" if kind == "saturation" or not
-             rnd.per_kind_check else "those where the twin's manipulation check passed in attention and in the MLP "
-             "apart (each module kind's median alignment share and violation at every checked evaluation) are tested")
-    cells = (f"over the (rate, seed) cells at rate{'s' if len(rnd.rates) > 1 else ''} "
-             f"{' and '.join(f'{r:g}' for r in rnd.rates)} where plain "
-             f"{_MECH2_LABEL[b]} failed ({_MECH2_FAILED}) and its {kind} twin ({rnd.arms[kind]}) has a verdict, "
-             f"{check}; share = tested cells where the twin trained / tested cells; ")
-    ci = f"the {CI_LEVEL:.0%} Clopper-Pearson interval of the share"
-    if kind in rnd.primary:
-        decide = (f"reproduced iff the lower bound of {ci} is > {RESTORE_NULL:g} and Holm's step-down (alpha = "
-                  f"{1 - CI_LEVEL:.2g}, over the primary contrasts {' and '.join(rnd.primary)} x "
-                  f"{' and '.join(MECH2_BASELINES)} that are tested) rejects share = {RESTORE_NULL:g} by its exact "
-                  f"two-sided binomial p-value, not reproduced iff the upper bound is < {RESTORE_NULL:g} and Holm "
-                  "rejects, else not resolved (also with no failed cell)")
-    else:
-        decide = (f"secondary, no Holm: reproduced iff the lower bound of {ci} is > {RESTORE_NULL:g}, not "
-                  f"reproduced iff its upper bound is < {RESTORE_NULL:g}, else not resolved (also with no failed "
-                  "cell)")
-    return (cells + decide + f"; not tested when the check failed or is unknown in more than {CHECK_SHARE:.0%} "
-            "of the failed cells; harm (the twin failing where the plain arm trained, whatever its check) is "
-            "counted and shown, not part of the verdict")
-
-
-def _mech_claims(rnd: MechRound, b: str) -> tuple[Claim, ...]:
-    """The ``<prefix>.*`` rows of one round and baseline: each baseline is its own experiment."""
-    label, p = _MECH2_LABEL[b], rnd.prefix
-    kw = dict(min_seeds=rnd.min_seeds, needs=rnd.report)
-    restores = {"solver": (f"{rnd.arms['solver']} restores {label} where it failed", "6 (mechanism)",
-                           "(an alternative the paper does not test)"),
-                "saturation": (f"removing softmax saturation ({rnd.arms['saturation']}) restores {label} where it "
-                               "failed", "5, 6 (mechanism)", "(implied by Sections 5-6)"),
-                "solver_attn": (f"(secondary) {rnd.arms.get('solver_attn')} restores {label} where it failed",
-                                "6 (mechanism)", "(an alternative the paper does not test)")}
-    return (
-        Claim(f"{p}.fails.{b}", f"{label} fails to train at large step sizes where Stiefel attention trains "
-              f"(fresh seeds): share of its plain runs failed at the largest rate ({rnd.rates[-1]:g})", "4, 6",
-              "DGram attention unstable",
-              Rule("share_ci", text=f"{_MECH2_FAILED}; over the plain {_MECH2_LABEL[b]} runs at rate "
-                   f"{rnd.rates[-1]:g}: "
-                   f"reproduced iff the {CI_LEVEL:.0%} Clopper-Pearson lower bound of the failed share is > "
-                   f"{FAIL_SHARE:g}, not reproduced iff its upper bound is < {FAIL_SHARE:g}, else not resolved",
-                   **kw), rnd.rebuild, FAIL_SHARE),
-        *(Claim(f"{p}.{k}_restores.{b}", *restores[k], Rule("restore_ci", text=_mech_restore_text(rnd, b, k), **kw),
-                rnd.rebuild, True) for k in rnd.kinds),
-        Claim(f"{p}.cause.{b}", f"why DGram attention fails in {label}: softmax saturation (the paper) or the "
-              "inner solve", "6", "softmax saturation",
-              Rule("cause_outcomes", text=f"from the outcomes of {p}.saturation_restores.{b} and "
-                   f"{p}.solver_restores.{b} (each restores / does not restore / not resolved / not tested): "
-                   "not tested if either is not tested, else not resolved if either is not resolved, else saturation "
-                   "supported (only saturation restores), solver supported (only solver restores), both supported, "
-                   "neither supported", **kw), rnd.rebuild),
-    )
-
 
 CLAIMS: tuple[Claim, ...] = (
     # --- Section 2: the alpha study ----------------------------------------------------------
     Claim("alpha.fit.exponent", "alpha_opt(n) ~ c n^p over n >= 32: exponent p", "2", "0.67",
           Rule("window", 0.67 * 0.75, 0.67 * 1.25, text="within 25% of 0.67", needs="alpha-range"), _A, 0.67),
     Claim("alpha.fit.prefactor", "same fit: prefactor c", "2", "0.003",
-          _factor(0.003, 2, needs="alpha-range"), _A, 0.003),
+          factor(0.003, 2, needs="alpha-range"), _A, 0.003),
     Claim("alpha.fit.r2", "r^2 of that fit", "2", "0.74",
-          _w(0.59, 0.89, "within 0.15 of 0.74", needs="alpha-range"), _A, 0.74),
+          window(0.59, 0.89, "within 0.15 of 0.74", needs="alpha-range"), _A, 0.74),
     Claim("alpha.outlier", "n = 16 sits above the trend: observed alpha_opt", "2", "0.17",
-          _factor(0.17, 2, needs="n=16"), _A, 0.17),
+          factor(0.17, 2, needs="n=16"), _A, 0.17),
     Claim("alpha.n64.default", "n = 64: final violation at alpha = 0.01", "2", "3.3e-3",
-          _factor(3.3e-3, 2, needs="n=64"), _A, 3.3e-3),
+          factor(3.3e-3, 2, needs="n=64"), _A, 3.3e-3),
     Claim("alpha.n64.best", "n = 64: best final violation over the grid", "2", "2.5e-3",
-          _factor(2.5e-3, 2, needs="n=64"), _A, 2.5e-3),
+          factor(2.5e-3, 2, needs="n=64"), _A, 2.5e-3),
     Claim("alpha.n768.default", "n = 768: final violation at alpha = 0.01", "2", "1.9e-3",
-          _factor(1.9e-3, 2, needs="n=768"), _A, 1.9e-3),
+          factor(1.9e-3, 2, needs="n=768"), _A, 1.9e-3),
     Claim("alpha.n768.best", "n = 768: best final violation over the grid", "2", "6.6e-4",
-          _factor(6.6e-4, 2, needs="n=768"), _A, 6.6e-4),
+          factor(6.6e-4, 2, needs="n=768"), _A, 6.6e-4),
     Claim("alpha.universal", "alpha = 0.1 within 2x of the per-size optimum over n in [32, 1024] "
           "(largest ratio of final violations)", "2", "<= 2",
-          _w(1.0, 2.0, needs="alpha-range"), _A, 2.0),
+          window(1.0, 2.0, needs="alpha-range"), _A, 2.0),
     Claim("alpha.scale", "alpha must be scaled up ~10-20x from 0.01 at 768x768 (alpha_opt(768) / 0.01)",
-          "1, 2", "10-20x", _w(10.0, 20.0, needs="n=768"), _A, (10.0, 20.0)),
+          "1, 2", "10-20x", window(10.0, 20.0, needs="n=768"), _A, (10.0, 20.0)),
     Claim("alpha.scale_vs_fit", "'10-20x' agrees with the paper's own fit 0.003 n^0.67 at n = 768", "1, 2",
           "10-20x", Rule("audit", text="the paper's fit at 768 / 0.01 lies in 10-20"), "(computed from the "
           "paper's numbers)", (10.0, 20.0)),
     Claim("alpha.conv64.peak", "n = 64, alpha = 0.1: violation peak", "2", "~8e-2",
-          _factor(8e-2, 2, needs="n=64"), _A, 8e-2),
+          factor(8e-2, 2, needs="n=64"), _A, 8e-2),
     Claim("alpha.conv64.peak_iter", "n = 64, alpha = 0.1: iteration of the peak", "2", "~10",
-          _w(5, 20, "5 <= iteration <= 20", needs="n=64"), _A, 10),
+          window(5, 20, "5 <= iteration <= 20", needs="n=64"), _A, 10),
     Claim("alpha.conv64.final", "n = 64, alpha = 0.1: final violation (100 iterations)", "2", "5e-3",
-          _factor(5e-3, 2, needs="n=64"), _A, 5e-3),
+          factor(5e-3, 2, needs="n=64"), _A, 5e-3),
     Claim("alpha.conv512.plateau", "n >= 512, alpha = 0.1: plateau over the first 80% of iterations", "2",
-          "4-5e-3", _w(2e-3, 1e-2, "2e-3 <= median <= 1e-2", needs="n>=512"), _A, (4e-3, 5e-3)),
+          "4-5e-3", window(2e-3, 1e-2, "2e-3 <= median <= 1e-2", needs="n>=512"), _A, (4e-3, 5e-3)),
     Claim("alpha.conv512.drop", "n >= 512: drop over the last 20% of iterations", "2", "~10x",
-          _w(5.0, 20.0, "5x <= drop <= 20x", needs="n>=512"), _A, 10.0),
+          window(5.0, 20.0, "5x <= drop <= 20x", needs="n>=512"), _A, 10.0),
     Claim("alpha.bf16_floor", "the alpha study measures dual-ascent convergence (not msign rounding): "
           "final violation of the float32 control vs the faithful bf16 protocol", "2", "(implicit)",
           Rule("audit", text="contradicted iff the bf16 best violation is >= 100x the float32 one at every "
                "compared size (n = 64 and 768 where run)", needs="control"), "studies.precisions [bfloat16, float32]"),
     # --- Section 3: absorption --------------------------------------------------------------------
     Claim("absorb.eA", "e_A(20) across sizes (Stiefel, seed means, n >= 32)", "3", "8-16%",
-          _w(0.06, 0.20, "every size in 6-20% (the paper's range widened by 25% at each end)",
+          window(0.06, 0.20, "every size in 6-20% (the paper's range widened by 25% at each end)",
              needs="absorption-protocol"), _ABS, ABSORB_EA),
     Claim("absorb.eA_nonmonotone", "e_A(T) rises in the first iterations and decreases from about T = 30: "
           "T of the largest e_A (median over sizes)", "3", "rises, peak before ~30",
-          _w(10, 50, "peak at T in 10..50 (after the first snapshot, T = 5)", needs="absorption-protocol"), _ABS, 30),
+          window(10, 50, "peak at T in 10..50 (after the first snapshot, T = 5)", needs="absorption-protocol"), _ABS,
+          30),
     Claim("absorb.eW", "e_W(20) across sizes (Stiefel, seed means, n >= 32)", "3", "about 0.7%, under 1%",
-          _w(0.0, ABSORB_EW_MAX, "every size below 1%", needs="absorption-protocol"), _ABS, 0.007),
+          window(0.0, ABSORB_EW_MAX, "every size below 1%", needs="absorption-protocol"), _ABS, 0.007),
     Claim("absorb.compression", "compression e_A / e_W at T = 20 (the number)", "3", "12-16x",
-          _w(9.0, 20.0, "every size in 9-20x (the paper's range widened by 25%)", needs="absorption-protocol"), _ABS,
-          (12.0, 16.0)),
+          window(9.0, 20.0, "every size in 9-20x (the paper's range widened by 25%)", needs="absorption-protocol"),
+          _ABS, (12.0, 16.0)),
     Claim("absorb.mechanism", "the retraction compresses the error (mechanism): the retraction's own factor "
           "once the 1/eta of comparing a direction with a weight is taken out", "3", "12-16x from the retraction",
           Rule("audit", text="contradicted iff the retraction's own factor is below 2x at every size "
@@ -336,10 +198,10 @@ CLAIMS: tuple[Claim, ...] = (
           Rule("test", needs="absorption-protocol", text="reproduced iff DGram's compression (paper retraction) is "
                "below Stiefel's at every size n >= 32"), _ABS),
     Claim("absorb.flat", "e_W(5) / e_W(100): retracted weight nearly flat in T", "3", "within ~1.3x",
-          _w(1 / 1.6, 1.6, "every size within 1.6x (1.3 widened by 25%)", needs="absorption-protocol"), _ABS, 1.3),
+          window(1 / 1.6, 1.6, "every size within 1.6x (1.3 widened by 25%)", needs="absorption-protocol"), _ABS, 1.3),
     # --- Section 4: training -------------------------------------------------------------------------
     *(Claim(f"loss.{v}", f"final val loss, {v}", "4 (Table 4)", f"{p}",
-            _w(p - 0.03, p + 0.03, "within 0.03 nats", needs="paper"), _P, p) for v, p in LOSSES.items()),
+            window(p - 0.03, p + 0.03, "within 0.03 nats", needs="paper"), _P, p) for v, p in LOSSES.items()),
     Claim("loss.order", "Hetero < All Stiefel < Unconstrained (final val loss)", "4 (Table 4)",
           " < ".join(f"{LOSSES[v]}" for v in LOSS_ORDER),
           Rule("order", min_seeds=3, text="a pair is resolved when its gap of seed means is larger than the "
@@ -352,31 +214,31 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("stability.stiefel_hetero", "All Stiefel and Hetero train stably over the whole run (no seed unstable)",
           "4", "stable", Rule("test", needs="paper", text="reproduced iff every seed of both completes"), _P),
     *(Claim(f"instability.{v}", f"{v} becomes unstable: onset step", "4",
-            f"~{o}", _w(0.75 * o, 1.25 * o, f"onset within 25% of {o}", needs="paper"), _P, o)
+            f"~{o}", window(0.75 * o, 1.25 * o, f"onset within 25% of {o}", needs="paper"), _P, o)
       for v, o in ONSETS.items()),
     Claim("instability.dgram_plateau", "All DGram after the onset: chaotic plateau (median val loss)", "4",
-          "6-8 nats", _w(6.0, 8.0, "median val loss after the onset in 6-8", needs="paper"), _P, (6.0, 8.0)),
+          "6-8 nats", window(6.0, 8.0, "median val loss after the onset in 6-8", needs="paper"), _P, (6.0, 8.0)),
     Claim("instability.heteroinv_spike", "Hetero-inv: first spike peak", "4", "~7 nats",
-          _w(6.0, 8.0, "6-8 nats", needs="paper"), _P, 7.0),
+          window(6.0, 8.0, "6-8 nats", needs="paper"), _P, 7.0),
     Claim("instability.heteroinv_drop", "Hetero-inv: drops back to", "4", "~4.3 nats",
-          _w(3.8, 4.8, "3.8-4.8 nats", needs="paper"), _P, 4.3),
+          window(3.8, 4.8, "3.8-4.8 nats", needs="paper"), _P, 4.3),
     Claim("instability.heteroinv_second", "Hetero-inv: second spike at", "4", "step ~25000",
-          _w(22500, 27500, "within 10% of 25000", needs="paper"), _P, 25000),
+          window(22500, 27500, "within 10% of 25000", needs="paper"), _P, 25000),
     Claim("instability.heteroinv_oscillation", "Hetero-inv after its second spike: oscillates around (median val "
           "loss)", "4", f"~{HETEROINV_OSCILLATION:g} nats",
-          _w(HETEROINV_OSCILLATION - 0.5, HETEROINV_OSCILLATION + 0.5, "within 0.5 nats of 4.0", needs="paper"), _P,
+          window(HETEROINV_OSCILLATION - 0.5, HETEROINV_OSCILLATION + 0.5, "within 0.5 nats of 4.0", needs="paper"), _P,
           HETEROINV_OSCILLATION),
     Claim("instability.no_nan", "neither failing run (All DGram, Hetero-inv) produces NaN: every logged loss finite",
           "4", "no NaN", Rule("test", needs="paper", text="reproduced iff every train and val loss of every seed "
                               "of both is finite"), _P),
     *(Claim(f"cost.{v}", f"per-step cost of {v} relative to Unconstrained", "4 (Table 4)", f"{p}x (H100)",
-            _factor(p, 1.5, needs="paper"), _P + " on an H100", p)
+            factor(p, 1.5, needs="paper"), _P + " on an H100", p)
       for v, p in COSTS.items()),
     Claim("cost.msign_estimate", "per-step overhead of Manifold Muon over Muon from msign call counts, 20 "
           "dual-ascent iterations (Stiefel, counted while one step runs)", "3, 4", "about 20x (about 100x at 100)",
-          _w(15.0, 25.0, "15-25x at 20 iterations"), "", MSIGN_OVERHEAD[20]),
+          window(15.0, 25.0, "15-25x at 20 iterations"), "", MSIGN_OVERHEAD[20]),
     Claim("params.adamw_share", "AdamW runs on roughly 40% of GPT-2 small's parameters", "4", "~40%",
-          _w(0.35, 0.45, "35-45% (+-5 points)"), "(computed from GPT-2 small's shapes)", 0.40),
+          window(0.35, 0.45, "35-45% (+-5 points)"), "(computed from GPT-2 small's shapes)", 0.40),
     # --- Section 5: theory ------------------------------------------------------------------------------
     Claim("theory.jacobian_bound", "||J||_F^2 <= ||s||^2 (1 - ||s||^2) <= 1/4", "5", "proved",
           Rule("audit", text="holds on random and adversarial logits"), ""),
@@ -396,40 +258,40 @@ CLAIMS: tuple[Claim, ...] = (
           Rule("audit", text="dim T DGram - dim T Stiefel = n for every GPT-2 shape"), ""),
     # --- Section 6: spectra --------------------------------------------------------------------------------
     Claim("spectral.stiefel", "Stiefel attention sigma_max stays at 1", "6", "1",
-          _w(0.98, 1.02, "within 2% of 1 (bf16 retraction rounding)"), "", 1.0),
+          window(0.98, 1.02, "within 2% of 1 (bf16 retraction rounding)"), "", 1.0),
     Claim("spectral.none_attn", "Unconstrained attention sigma_max throughout training", "6", "~4",
-          _w(2.0, 8.0, "2-8", needs="paper"), _P, 4.0),
+          window(2.0, 8.0, "2-8", needs="paper"), _P, 4.0),
     Claim("spectral.none_mlp", "Unconstrained MLP sigma_max: ~4 near step 2000, ~2 at 50k (end value)", "6",
-          "4 -> 2", _w(1.0, 3.0, "end value 1-3", needs="paper"), _P, (4.0, 2.0)),
+          "4 -> 2", window(1.0, 3.0, "end value 1-3", needs="paper"), _P, (4.0, 2.0)),
     Claim("spectral.dgram_mlp", "DGram MLP sigma_max levels off at (Hetero / All DGram)", "6", "7.5 / 18",
-          _w(3.75, 36.0, "between half the smaller and twice the larger", needs="paper"), _P, (7.5, 18.0)),
+          window(3.75, 36.0, "between half the smaller and twice the larger", needs="paper"), _P, (7.5, 18.0)),
     Claim("spectral.dgram_mlp_levels", "DGram MLP sigma_max levels off: its growth over the last quarter of the run "
           "(Hetero and All DGram, the larger)", "6", "levels off",
-          _w(0.0, 1.25, "end / value at 75% of the run <= 1.25", needs="paper"), _P),
+          window(0.0, 1.25, "end / value at 75% of the run <= 1.25", needs="paper"), _P),
     Claim("spectral.stiefel_mlp", "Stiefel MLP sigma_max stays at 1 (every logged step)", "6", "1",
-          _w(0.98, 1.02, "within 2% of 1 at every logged step (bf16 retraction rounding)"), "", 1.0),
+          window(0.98, 1.02, "within 2% of 1 at every logged step (bf16 retraction rounding)"), "", 1.0),
     Claim("spectral.none_mlp_peak", "Unconstrained MLP sigma_max: its peak", "6", f"~{NONE_MLP_PEAK[0]:g}",
-          _w(2.0, 8.0, "2-8", needs="paper"), _P, NONE_MLP_PEAK[0]),
+          window(2.0, 8.0, "2-8", needs="paper"), _P, NONE_MLP_PEAK[0]),
     Claim("spectral.none_mlp_peak_step", "Unconstrained MLP sigma_max: the step of its peak", "6",
-          f"~{NONE_MLP_PEAK[1]}", _w(1000, 4000, "1000-4000", needs="paper"), _P, NONE_MLP_PEAK[1]),
+          f"~{NONE_MLP_PEAK[1]}", window(1000, 4000, "1000-4000", needs="paper"), _P, NONE_MLP_PEAK[1]),
     Claim("spectral.dgram_attn_alike", "All DGram and Hetero-inv attention sigma_max follow nearly identical "
           "trajectories: the largest ratio between them (seed means, logged steps before the first onset)", "6",
-          "nearly identical", _w(1.0, 1.5, "<= 1.5x at every logged step", needs="paper"), _P),
+          "nearly identical", window(1.0, 1.5, "<= 1.5x at every logged step", needs="paper"), _P),
     Claim("spectral.growth_precedes", "DGram attention sigma_max growth precedes the failure: attention sigma_max at "
           "the onset over its first logged value (every unstable DGram-attention run, the smallest)", "6",
-          "30-50 by the onset", _w(10.0, math.inf, ">= 10x by the onset", needs="paper"), _P),
+          "30-50 by the onset", window(10.0, math.inf, ">= 10x by the onset", needs="paper"), _P),
     Claim("spectral.dgram_16k", f"DGram attention sigma_max at step {SIGMA_STEPS[0]}", "6", "30-50",
-          _w(24.0, 62.5, "30-50 widened by 25%", needs="paper"), _P, (30.0, 50.0)),
+          window(24.0, 62.5, "30-50 widened by 25%", needs="paper"), _P, (30.0, 50.0)),
     Claim("spectral.dgram_20k", f"DGram attention sigma_max at step {SIGMA_STEPS[1]}", "6", "50-100",
-          _w(40.0, 125.0, "50-100 widened by 25%", needs="paper"), _P, (50.0, 100.0)),
+          window(40.0, 125.0, "50-100 widened by 25%", needs="paper"), _P, (50.0, 100.0)),
     Claim("spectral.bound_16k_20k", "30-50 at 16k and 50-100 at 20k are consistent with the growth bound "
           "sigma_0 + sum of eta", "6", "30-50, 50-100",
           Rule("audit", text="the paper's upper values are below the bound at those steps"), "", (50.0, 100.0)),
     Claim("spectral.exponential", "DGram attention sigma_max grows exponentially from step 0 (straight on a "
           "log axis): r^2 of log sigma vs step", "6", "exponential",
-          _w(0.9, 1.0, "log-linear r^2 >= 0.9 over the run", needs="paper"), _P),
+          window(0.9, 1.0, "log-linear r^2 >= 0.9 over the run", needs="paper"), _P),
     Claim("spectral.layer0", "layer-0 c_attn sigma_max at 50k (DGram)", "6 (Figure 7)", "~12",
-          _factor(12.0, 1.5, needs="paper"), _P, 12.0),
+          factor(12.0, 1.5, needs="paper"), _P, 12.0),
     Claim("spectral.dgram_attn_end", "DGram attention sigma_max at 50k steps", "6 (Figure 6)", "> 1e5",
           Rule("audit", text="reachable under sigma_0 + sum of eta for the released schedule"), "", 1e5),
     # --- the long config: does the mechanism appear below paper scale? --------------------------------------
@@ -437,13 +299,13 @@ CLAIMS: tuple[Claim, ...] = (
           "bound (Section 5 argument)", Rule("audit", text="every logged sigma_max <= bound (1e-3 slack)",
                                               needs="long"), _L),
     Claim("long.sigma_growth", "DGram attention sigma_max grows (end / start, long run)", "6", "grows",
-          _w(2.0, math.inf, ">= 2x over the run", needs="long"), _L),
+          window(2.0, math.inf, ">= 2x over the run", needs="long"), _L),
     Claim("long.logit_range", "DGram inflates attention logits: max logit range, DGram / Stiefel at the end",
-          "5", "inflated", _w(2.0, math.inf, ">= 2x Stiefel's", needs="long"), _L),
+          "5", "inflated", window(2.0, math.inf, ">= 2x Stiefel's", needs="long"), _L),
     Claim("long.entropy", "DGram saturates attention: mean entropy, DGram / Stiefel at the end", "5",
-          "lower", _w(0.0, 0.8, "<= 0.8x Stiefel's", needs="long"), _L),
+          "lower", window(0.0, 0.8, "<= 0.8x Stiefel's", needs="long"), _L),
     Claim("long.jacobian", "DGram shrinks the softmax Jacobian: mean ||J||_F, DGram / Stiefel at the end", "5",
-          "vanishes", _w(0.0, 0.5, "<= 0.5x Stiefel's", needs="long"), _L),
+          "vanishes", window(0.0, 0.5, "<= 0.5x Stiefel's", needs="long"), _L),
     Claim("long.stable_before_onset", f"All DGram trains normally until ~{STABLE_UNTIL} steps (first unstable step "
           "in the long run, none = stable)", "4", f"stable before ~{STABLE_UNTIL}",
           Rule("audit", text=f"no DGram-attention run unstable before step {STABLE_UNTIL}", needs="long"), _L),
@@ -505,7 +367,7 @@ CLAIMS: tuple[Claim, ...] = (
                     "combine; not resolved when any of the three contrasts is"),
           _M),
     # --- beyond the paper: the second mechanism experiment, per baseline (config/mechanism2.yaml) --------------
-    *(row for rnd in ROUNDS.values() for b in MECH2_BASELINES for row in _mech_claims(rnd, b)),
+    *(row for rnd in ROUNDS.values() for b in MECH2_BASELINES for row in round_claims(rnd, b)),
 )
 
 _BY_ID = {c.id: c for c in CLAIMS}
@@ -546,7 +408,7 @@ def judge(c: Claim, x: Any, *, caps: Sequence[str] = ("any",), seeds: int | None
     ``x``: a number for ``window``; a bool (the statement holds) for ``audit``; for
     ``order`` a mapping ``{condition: [final loss per seed]}``; for ``edge`` a mapping
     ``{assignment: edge rank}``; for ``test`` a bool (the experiment came out as claimed); for
-    ``restore`` ``(restored, failed)`` cell counts; for ``cause`` the contrasts as :func:`_judge_cause`
+    ``restore`` ``(restored, failed)`` cell counts; for ``cause`` the contrasts as :mod:`mwm.paper.causal`
     takes them; for ``share_ci`` ``(count, runs)``; for ``restore_ci`` and ``cause_outcomes`` the values
     :func:`mech_values` gives.
     ``reason`` explains a missing value.
@@ -558,254 +420,12 @@ def judge(c: Claim, x: Any, *, caps: Sequence[str] = ("any",), seeds: int | None
         return NC, f"no rebuilt value{': ' + reason if reason else ''}"
     if seeds is not None and seeds < r.min_seeds:
         return TOO_FEW, f"{seeds} seed(s), the rule needs {r.min_seeds}"
-    if r.kind not in _JUDGES:
+    if r.kind not in JUDGES:
         raise ValueError(f"claim {c.id}: unknown rule kind {r.kind!r}")
-    return _JUDGES[r.kind](c, x)
+    return JUDGES[r.kind](c, x)
 
 
-def _judge_window(c: Claim, x: float) -> tuple[str, str]:
-    r = c.rule
-    ok = r.lo <= float(x) <= r.hi
-    return ("reproduced" if ok else "not reproduced"), f"{float(x):.4g} {'inside' if ok else 'outside'} " \
-        f"[{r.lo:.4g}, {r.hi:.4g}]"
 
-
-def _judge_audit(c: Claim, x: bool) -> tuple[str, str]:
-    return ("reproduced" if bool(x) else "contradicted by an audit"), \
-        ("the statement holds" if bool(x) else "the statement fails")
-
-
-def _judge_test(c: Claim, x: bool) -> tuple[str, str]:
-    return ("reproduced" if bool(x) else "not reproduced"), \
-        ("came out as claimed" if bool(x) else "came out against the claim")
-
-
-def _judge_restore(c: Claim, x: tuple[int, int]) -> tuple[str, str]:
-    """``x``: (cells the intervention restored, cells where the plain arm failed); ``c.value``: whether the
-    claim is that it restores (True) or that it does not (False)."""
-    restored, failed = x
-    if failed < MIN_FAILED_CELLS:
-        return UNRESOLVED, (f"the plain arm failed in {failed} cell(s), fewer than {MIN_FAILED_CELLS}: "
-                            "nothing to restore")
-    share = restored / failed
-    lo, hi = RESTORE_SHARE
-    shown = f"trains in {restored} of {failed} failed cells ({share:.0%})"
-    if lo < share < hi:
-        return UNRESOLVED, shown + f", between {lo:.0%} and {hi:.0%}"
-    restores = share >= hi
-    return ("reproduced" if restores == bool(c.value) else "not reproduced"), \
-        shown + (": restores" if restores else ": does not restore")
-
-
-def _judge_cause(x: Mapping[str, bool | None]) -> tuple[str, str]:
-    """``x``: each contrast as it came out relative to its own claim (True: as claimed, None: not resolved):
-    ``cap`` (the attention cap restores), ``normalized`` (the normalized solve restores), ``mlp_control``
-    (the MLP cap does not restore)."""
-    shown = ", ".join(f"{k} {'as claimed' if v else 'not resolved' if v is None else 'against its claim'}"
-                      for k, v in x.items())
-    cap, normalized, control = x.get("cap"), x.get("normalized"), x.get("mlp_control")
-    if cap is None or normalized is None or (cap and control is None):
-        return UNRESOLVED, shown
-    saturation = bool(cap and control)
-    verdict = {(True, False): "saturation supported", (False, True): "solver supported",
-               (True, True): "both supported", (False, False): "neither supported"}[saturation, bool(normalized)]
-    return verdict, shown
-
-
-def _judge_share_ci(c: Claim, x: tuple[int, int]) -> tuple[str, str]:
-    """``x``: (runs that came out as claimed, runs); ``c.value``: the share the interval is held against."""
-    k, n = x
-    if n < 1:
-        return UNRESOLVED, "no runs"
-    lo, hi = clopper_pearson(k, n, CI_LEVEL)
-    shown = f"{k} of {n} ({k / n:.0%}), {CI_LEVEL:.0%} CP [{lo:.3f}, {hi:.3f}]"
-    if lo > c.value:
-        return "reproduced", shown + f": lower bound above {c.value:g}"
-    if hi < c.value:
-        return "not reproduced", shown + f": upper bound below {c.value:g}"
-    return UNRESOLVED, shown + f": contains {c.value:g}"
-
-
-def mech2_contrast(cells: Sequence[tuple[bool | None, bool | None, bool | None]]) -> dict:
-    """One baseline x one intervention over its (rate, seed) cells, each ``(plain_failed, twin_failed,
-    twin_check)`` (None: no verdict / check unknown). Counts: ``failed`` (the plain arm failed and the twin has
-    a verdict), ``tested`` (of those, the twin's check passed), ``restored`` (of tested, the twin trained),
-    ``untested`` (failed - tested), ``harm_of`` (the plain arm trained and the twin has a verdict), ``harm``
-    (of those, the twin failed: whatever its check says, since a check cannot excuse a broken run),
-    ``missing`` (either arm without a verdict); ``ci`` and ``p``: restored / tested against
-    :data:`RESTORE_NULL` (None with nothing tested); ``status``: "nothing to restore" (no failed cell),
-    "not tested" (untested > CHECK_SHARE x failed) or "tested"."""
-    failed = tested = restored = harm = harm_of = missing = 0
-    for plain_failed, twin_failed, twin_check in cells:
-        if plain_failed is None or twin_failed is None:
-            missing += 1
-        elif plain_failed:
-            failed += 1
-            if twin_check is True:
-                tested += 1
-                restored += not twin_failed
-        else:
-            harm_of += 1
-            harm += bool(twin_failed)
-    untested = failed - tested
-    if failed < 1:
-        status = "nothing to restore"
-    elif untested > CHECK_SHARE * failed:
-        status = NOT_TESTED
-    else:
-        status = "tested"
-    return {"cells": len(cells), "failed": failed, "tested": tested, "restored": restored, "untested": untested,
-            "harm": harm, "harm_of": harm_of, "missing": missing, "status": status,
-            "ci": clopper_pearson(restored, tested, CI_LEVEL) if tested else None,
-            "p": binomial_p(restored, tested, RESTORE_NULL) if tested else None}
-
-
-def mech2_outcome(x: Mapping) -> str:
-    """A contrast's outcome (one of :data:`MECH2_OUTCOMES`) from :func:`mech2_contrast`'s dict plus ``reject``
-    (whether the null share was rejected: Holm's decision for a primary contrast, p < 1 - CI_LEVEL for a
-    secondary one). Both bounds are read, so the outcome is symmetric in restoring and not restoring."""
-    if x["status"] == NOT_TESTED:
-        return NOT_TESTED
-    if x["status"] != "tested" or not x["reject"]:
-        return UNRESOLVED
-    lo, hi = x["ci"]
-    if lo > RESTORE_NULL:
-        return "restores"
-    if hi < RESTORE_NULL:
-        return "does not restore"
-    return UNRESOLVED
-
-
-def _mech_decided(rnd: MechRound, contrasts: Mapping[tuple[str, str], Mapping]) -> dict[tuple[str, str], dict]:
-    """Every contrast given, plus ``reject``, ``p_holm`` and ``family`` (the Holm family's size; 0 for a
-    secondary one). The family: the round's primary contrasts with status "tested", every one of them required."""
-    primary = [(b, k) for b in MECH2_BASELINES for k in rnd.primary]
-    absent = [key for key in primary if key not in contrasts]
-    if absent:
-        raise KeyError(f"no contrast for {', '.join(f'{b} x {k}' for b, k in absent)}")
-    family = {f"{b}|{k}": contrasts[b, k]["p"] for b, k in primary if contrasts[b, k]["status"] == "tested"}
-    rejected, adjusted = holm(family, 1 - CI_LEVEL), holm_adjusted(family)
-    out = {}
-    for (b, k), con in contrasts.items():
-        x = dict(con)
-        if (b, k) in primary:
-            key = f"{b}|{k}"
-            x.update(reject=rejected.get(key, False), p_holm=adjusted.get(key), family=len(family))
-        else:
-            x.update(reject=con["p"] is not None and con["p"] < 1 - CI_LEVEL, p_holm=None, family=0)
-        out[b, k] = x
-    return out
-
-
-def mech_primary_decisions(rnd: MechRound, contrasts: Mapping[tuple[str, str], Mapping]) -> dict[tuple[str, str], str]:
-    """``{(baseline, kind): outcome}`` for the round's primary contrasts, from ``{(baseline, kind):``
-    :func:`mech2_contrast` ``}``: Holm's step-down at 1 - CI_LEVEL over exactly those primary contrasts that
-    are tested (failed cells, checks held), then :func:`mech2_outcome`."""
-    decided = _mech_decided(rnd, contrasts)
-    return {(b, k): mech2_outcome(decided[b, k]) for b in MECH2_BASELINES for k in rnd.primary}
-
-
-def mech_values(rnd: MechRound, contrasts: Mapping[tuple[str, str], Mapping]) -> dict[str, dict]:
-    """The rebuilt value of each ``<prefix>.*_restores.*`` and ``<prefix>.cause.*`` row of round ``rnd``,
-    ``{claim id: x}`` for :func:`judge`, from ``{(baseline, kind):`` :func:`mech2_contrast` ``}`` (the primary
-    ones required, a secondary one judged where given). ``<prefix>.fails.*`` takes ``(failed runs, runs)`` at
-    the largest rate."""
-    decided = _mech_decided(rnd, contrasts)
-    out: dict[str, dict] = {f"{rnd.prefix}.{k}_restores.{b}": x for (b, k), x in decided.items()}
-    for b in MECH2_BASELINES:
-        out[f"{rnd.prefix}.cause.{b}"] = {k: mech2_outcome(decided[b, k]) for k in ("saturation", "solver")}
-    return out
-
-
-def _judge_restore_ci(c: Claim, x: Mapping) -> tuple[str, str]:
-    """``x``: a contrast with its ``reject`` (:func:`mech_values`); ``c.value``: the claim is that it restores."""
-    outcome = mech2_outcome(x)
-    harm = f"harm: the twin failed in {x['harm']} of {x['harm_of']} cells where the plain arm trained"
-    if x["status"] == "nothing to restore":
-        return UNRESOLVED, f"the plain arm failed in no cell with a twin verdict: nothing to restore; {harm}"
-    if outcome == NOT_TESTED:
-        return NOT_TESTED, (f"manipulation check failed or unknown in {x['untested']} of {x['failed']} failed cells "
-                            f"(more than {CHECK_SHARE:.0%}); {harm}")
-    lo, hi = x["ci"]
-    shown = (f"trains in {x['restored']} of {x['tested']} tested failed cells ({x['restored'] / x['tested']:.0%}), "
-             f"{CI_LEVEL:.0%} CP [{lo:.3f}, {hi:.3f}], p = {x['p']:.3g}")
-    if x.get("family"):
-        shown += (f", Holm-adjusted {x['p_holm']:.3g} over {x['family']} tested primary contrast(s): "
-                  f"{'rejects' if x['reject'] else 'does not reject'} {RESTORE_NULL:g}")
-    else:
-        shown += f" (secondary: {'rejects' if x['reject'] else 'does not reject'} {RESTORE_NULL:g}, no Holm)"
-    shown += f"; {x['untested']} failed cell(s) untested (check failed or unknown); {harm}"
-    if outcome == UNRESOLVED:
-        return UNRESOLVED, shown
-    restores = outcome == "restores"
-    return ("reproduced" if restores == bool(c.value) else "not reproduced"), \
-        shown + (": restores" if restores else ": does not restore")
-
-
-def _judge_cause_outcomes(x: Mapping[str, str]) -> tuple[str, str]:
-    """``x``: ``{"saturation": outcome, "solver": outcome}`` (:data:`MECH2_OUTCOMES`)."""
-    bad = {k: v for k, v in x.items() if v not in MECH2_OUTCOMES}
-    if bad or set(x) != {"saturation", "solver"}:
-        raise ValueError(f"cause outcomes {dict(x)!r}: needs saturation and solver, each one of {MECH2_OUTCOMES}")
-    shown = f"saturation {x['saturation']}, solver {x['solver']}"
-    if NOT_TESTED in x.values():
-        return NOT_TESTED, shown
-    if UNRESOLVED in x.values():
-        return UNRESOLVED, shown
-    verdict = {(True, False): "saturation supported", (False, True): "solver supported",
-               (True, True): "both supported", (False, False): "neither supported"}[
-        x["saturation"] == "restores", x["solver"] == "restores"]
-    return verdict, shown
-
-
-def _judge_order(c: Claim, losses: Mapping[str, Sequence[float]]) -> tuple[str, str]:
-    """Every pair of conditions is a link: resolved when the gap of seed means exceeds the seed spread
-    (max - min) of both. A resolved link against the paper's order decides "not reproduced" wherever
-    it sits; "reproduced" needs every adjacent link resolved in order (then every pair is); anything
-    else is "too few seeds"."""
-    order = list(c.value)
-    n = min(len(losses[k]) for k in order)
-    if n < c.rule.min_seeds:
-        return TOO_FEW, f"{n} seed(s) per condition, the rule needs {c.rule.min_seeds}"
-    mean = {k: sum(losses[k]) / len(losses[k]) for k in order}
-    spread = {k: max(losses[k]) - min(losses[k]) for k in order}
-
-    def resolved(a: str, b: str) -> bool:
-        return abs(mean[b] - mean[a]) > max(spread[a], spread[b])
-
-    pairs = [(a, b) for i, a in enumerate(order) for b in order[i + 1:]]
-    against = [(a, b) for a, b in pairs if resolved(a, b) and mean[b] < mean[a]]
-    if against:
-        return "not reproduced", "; ".join(
-            f"{b} {mean[b]:.4f} < {a} {mean[a]:.4f}: gap {mean[a] - mean[b]:.4f} > seed spread "
-            f"{max(spread[a], spread[b]):.4f}, against the paper's order" for a, b in against)
-    open_links = [(a, b) for a, b in zip(order, order[1:]) if not resolved(a, b)]
-    if open_links:
-        return TOO_FEW, "; ".join(f"gap {a}-{b} {abs(mean[b] - mean[a]):.4f} <= seed spread "
-                                  f"{max(spread[a], spread[b]):.4f}" for a, b in open_links) + \
-            ": unresolved with these seeds, and no resolved link against the paper's order"
-    return "reproduced", "every link resolved, in the paper's order"
-
-
-def _judge_edge(c: Claim, edges: Mapping[str, int]) -> tuple[str, str]:
-    """``edges``: assignment -> its stability edge as a rank (how many of the sweep's rates, from the
-    smallest, are stable; all of them: stable throughout, an edge at or above the largest rate)."""
-    low, high = c.value
-    missing = [a for a in (*low, *high) if a not in edges]
-    if missing:
-        return NC, f"no sweep of {', '.join(missing)}"
-    lo_max, lo_min = max(edges[a] for a in low), min(edges[a] for a in low)
-    hi_max, hi_min = max(edges[a] for a in high), min(edges[a] for a in high)
-    shown = ", ".join(f"{a} {edges[a]}" for a in (*low, *high))
-    if lo_max < hi_min:
-        return "reproduced", f"stable rates counted from the smallest: {shown}; every {'/'.join(low)} edge below"
-    if hi_max < lo_min:
-        return "not reproduced", f"stable rates counted from the smallest: {shown}; every {'/'.join(low)} edge above"
-    return UNRESOLVED, f"stable rates counted from the smallest: {shown}; the edges overlap or tie"
-
-
-#: How each kind of rule (:class:`Rule`'s ``kind``) judges a rebuilt value: ``(claim, value) -> (verdict, why)``.
-_JUDGES = {"window": _judge_window, "audit": _judge_audit, "order": _judge_order, "edge": _judge_edge,
-           "test": _judge_test, "restore": _judge_restore, "cause": lambda c, x: _judge_cause(x),
-           "share_ci": _judge_share_ci, "restore_ci": _judge_restore_ci,
-           "cause_outcomes": lambda c, x: _judge_cause_outcomes(x)}
+#: How each kind of rule (:class:`Rule`'s ``kind``) judges a rebuilt value: the general kinds and the causal
+#: experiments'.
+JUDGES = {**rules.JUDGES, **causal.JUDGES}
