@@ -174,3 +174,19 @@ def test_attn_qk_scale_changes_the_model_so_it_needs_no_dgram_attention():
     cfg["grid"]["train_overrides"]["hetero-qk"] = {"attn_sigma_cap": 4.0}
     with pytest.raises(ConfigError, match="no attention matrix on DGram"):
         check_config(cfg, "sweep.yaml")
+
+
+def test_arm_kind_is_the_one_kind_all_of_an_arms_settings_make():
+    """One classifier for every causal experiment, each with its own table of kinds."""
+    from mwm.plan.variants import arm_kind
+
+    kinds = {("attn_sigma_cap", None): "cap", ("solver_normalize", "all"): "solver", ("solver", "admm"): "solver"}
+    over = {"a": {"attn_sigma_cap": 2.0}, "b": {"attn_sigma_cap": 2.0, "solver_normalize": "all"},
+            "c": {"solver_normalize": "all", "solver": "admm"}, "d": {"solver": "admm"},
+            "e": {"solver_normalize": "attn"}, "f": {"attn_sigma_cap": 2.0}}
+    grid = {"train_overrides": over, "intervention": {k: "dgram" for k in "abcde"}}
+    assert arm_kind(grid, "a", kinds) == "cap" and arm_kind(grid, "c", kinds) == "solver"
+    assert arm_kind(grid, "b", kinds) is None  # two kinds at once: no single contrast
+    assert arm_kind(grid, "d", kinds) is None  # a solve setting without the scope it acts on
+    assert arm_kind(grid, "e", kinds) is None  # a value the table has no kind for
+    assert arm_kind(grid, "f", kinds) is None and arm_kind(grid, "dgram", kinds) is None  # not intervention arms

@@ -25,6 +25,8 @@ Torch-free: the Snakefile imports it.
 
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 from mwm.config import ConfigError
 from mwm.config.layout import hidden_matrix_names, model_shape
 from mwm.optim.vocab import match_patterns
@@ -33,7 +35,7 @@ from mwm.config.names import ATTN_KEYS, NAMED_ASSIGNMENTS, NORMALIZE_SCOPES
 __all__ = ["assignment_spec", "ETA_TAG", "rate_label", "sweep_variant", "sweep_points", "sweep_variants",
            "sweep_overrides", "check_sweep", "INTERVENTION_KEYS", "MODEL_INTERVENTION_KEYS", "SOLVE_KEYS",
            "SWEEP_REPORTS",
-           "intervention_keys", "intervention_label"]
+           "intervention_keys", "intervention_label", "arm_kind"]
 
 #: What joins an assignment and its rate in a sweep variant's name.
 ETA_TAG = "-eta"
@@ -109,6 +111,19 @@ def intervention_keys(grid: dict, cand: str) -> dict:
     :data:`INTERVENTION_KEYS`); empty for a variant that is no intervention."""
     over = grid.get("train_overrides", {}).get(cand, {})
     return {k: over[k] for k in INTERVENTION_KEYS if over.get(k) is not None}
+
+
+def arm_kind(grid: dict, arm: str, kinds: Mapping[tuple[str, Any], str]) -> str | None:
+    """The kind of intervention ``arm`` makes in an experiment whose table ``kinds`` names the kind each
+    setting makes (``{(key, value): kind}``, value None: any value of that key): the one kind all its
+    intervention settings make, else None (a plain arm, settings of two kinds, or one the experiment has no
+    contrast for). A solve setting (:data:`SOLVE_KEYS`) counts only beside ``solver_normalize``, which names
+    the scope it acts on."""
+    keys = intervention_keys(grid, arm) if arm in grid.get("intervention", {}) else {}
+    made = {kinds.get((key, value), kinds.get((key, None))) for key, value in keys.items()}
+    if len(made) != 1 or None in made or (set(keys) & set(SOLVE_KEYS) and "solver_normalize" not in keys):
+        return None
+    return made.pop()
 
 
 def intervention_label(grid: dict, cand: str) -> str:

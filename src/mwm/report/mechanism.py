@@ -26,29 +26,26 @@ import pandas as pd
 
 from mwm import paper
 from mwm.plan.runs import run_config
-from mwm.plan.variants import intervention_keys, intervention_label, rate_label, sweep_points, sweep_variant
+from mwm.plan.variants import arm_kind, intervention_label, rate_label, sweep_points, sweep_variant
 from mwm.report.scale import capabilities
 from mwm.report.tables import write_table
 
-__all__ = ["KINDS", "intervention_kind", "mechanism_results", "contrasts", "mechanism_ledger_values",
+__all__ = ["KINDS", "ROWS", "intervention_kind", "mechanism_results", "contrasts", "mechanism_ledger_values",
            "mechanism_report"]
 
-#: What each kind of intervention removes, by the train setting that makes it: its ledger row.
-KINDS = {"attn_sigma_cap": ("cap", "mech.cap_restores"), "solver_normalize": ("normalized", "mech.normalized_restores"),
-         "mlp_sigma_cap": ("mlp_control", "mech.mlp_cap_control")}
+#: The kind of intervention each train setting makes (:func:`mwm.plan.variants.arm_kind`): an arm changes one
+#: thing, and the normalized solve is on every matrix.
+KINDS = {("attn_sigma_cap", None): "cap", ("solver_normalize", "all"): "normalized",
+         ("mlp_sigma_cap", None): "mlp_control"}
+#: Each kind's ledger row.
+ROWS = {"cap": "mech.cap_restores", "normalized": "mech.normalized_restores", "mlp_control": "mech.mlp_cap_control"}
 STABLE = "completed"
 
 
 def intervention_kind(grid: dict, cand: str) -> str | None:
-    """``cap``, ``normalized`` or ``mlp_control`` for a candidate that changes one thing (the normalized
+    """``cap``, ``normalized`` or ``mlp_control`` for an intervention arm that changes one thing (the normalized
     solve on every matrix), else None (a combination, or a normalized solve of one module only)."""
-    keys = intervention_keys(grid, cand)
-    if len(keys) != 1:
-        return None
-    (key, value), = keys.items()
-    if key == "solver_normalize" and value != "all":
-        return None
-    return KINDS[key][0] if key in KINDS else None  # a setting this experiment has no row for
+    return arm_kind(grid, cand, KINDS)
 
 
 def mechanism_results(cfg: dict, runs, margin: float = paper.FAIL_MARGIN) -> pd.DataFrame:
@@ -127,7 +124,8 @@ def mechanism_ledger_values(cfg: dict, res: pd.DataFrame) -> dict:
     con = contrasts(cfg, res)
     caps, seeds = capabilities(cfg), len(cfg["grid"]["seeds"])
     outcome = {}
-    for key, (kind, cid) in KINDS.items():
+    for (key, _), kind in KINDS.items():
+        cid = ROWS[kind]
         c = con.get(kind)
         if c is None:
             out[cid] = (None, "--", f"no intervention arm setting only {key} in grid.intervention")
@@ -164,7 +162,7 @@ def mechanism_tables(cfg: dict, res: pd.DataFrame, out: Path) -> None:
         kind = intervention_kind(cfg["grid"], cand)
         cells = [c for c in (con.get(kind) or {}).get("cells", []) if c[0] == base] if kind else []
         crow.append({"intervention": cand, "baseline": base, "changes": intervention_label(cfg["grid"], cand),
-                     "ledger row": KINDS[next(iter(intervention_keys(cfg["grid"], cand)))][1] if kind else "--",
+                     "ledger row": ROWS[kind] if kind else "--",
                      "failed cells of the baseline": len(cells), "restored": sum(c[3] for c in cells),
                      "cells (eta, seed: restored?)": ", ".join(f"{rate_label(c[1])}/{c[2]}: {'yes' if c[3] else 'no'}"
                                                                 for c in cells) or "--"})

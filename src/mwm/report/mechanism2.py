@@ -37,7 +37,8 @@ from mwm.report.mechanism import fig_mechanism_chain, fig_mechanism_loss, mechan
 from mwm.report.tables import write_table
 from mwm.train import manipulation
 from mwm.plan.runs import run_config
-from mwm.plan.variants import intervention_keys, intervention_label, rate_label, sweep_points
+from mwm.plan import variants
+from mwm.plan.variants import intervention_label, rate_label, sweep_points
 
 __all__ = ["KINDS", "CHECK_OF", "round_of", "arm_kind", "mechanism2_results", "mechanism2_contrasts",
            "mechanism2_decisions", "mechanism2_ledger_values", "mechanism2_report"]
@@ -59,14 +60,9 @@ def round_of(cfg: dict) -> MechRound:
 
 
 def arm_kind(grid: dict, arm: str) -> str | None:
-    """The kind of an intervention arm whose settings all make one kind (:data:`KINDS`), else None (a plain
-    arm, a combination of kinds, or a setting this experiment has no contrast for). A solver arm names its
-    scope (``solver_normalize``)."""
-    keys = intervention_keys(grid, arm) if arm in grid.get("intervention", {}) else {}
-    kinds = {KINDS.get((key, value), KINDS.get((key, None))) for key, value in keys.items()}
-    if len(kinds) != 1 or None in kinds or (kinds <= {"solver"} and "solver_normalize" not in keys):
-        return None
-    return kinds.pop()
+    """The kind of an intervention arm whose settings all make one kind (:data:`KINDS`), else None
+    (:func:`mwm.plan.variants.arm_kind`)."""
+    return variants.arm_kind(grid, arm, KINDS)
 
 
 def _records(df: pd.DataFrame) -> list[dict]:
