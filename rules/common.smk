@@ -5,7 +5,7 @@ import shlex
 import signal
 import sys
 
-from mwm.config import ConfigError
+from mwm.config import ConfigError, compose
 from mwm.numerics import VERSION as NUMERICS
 from mwm.paths import CONFIG_ENV, checkout_relative
 from mwm.plan.runs import RUN_FILES, RUN_FOLDERS
@@ -38,6 +38,8 @@ try:
 except ConfigError as exc:
     refuse(str(exc))
 CFG, NAME, FOLDERS = PLAN.cfg, PLAN.name, PLAN.folders
+# Snakemake holds the file as written; the HTML report's captions read it on its scale (extends:).
+config.update(compose(dict(config), CONFIG_FILE))
 TARGETS = Targets(PLAN)
 DATA, RUNS, STUDIES, LOGS = FOLDERS["data"], FOLDERS["runs"], FOLDERS["studies"], f"logs/{NAME}"
 DATA_FILES = [f"{DATA}/{f}" for f in stages.STAGES["data"].outputs]

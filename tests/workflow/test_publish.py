@@ -350,7 +350,8 @@ def test_restored_runs_are_planned_as_done_and_retrained_after_a_config_edit(tmp
 
     runs = len(plan.variants) * len(plan.seeds)
     assert "train" not in jobs()
-    text = (repo / cfg_file).read_text()
-    (repo / cfg_file).write_text(text.replace("eval_iters: 2", "eval_iters: 3"))
+    scale = repo / "config" / "scales" / "ci.yaml"  # the config's own scale: an edit there is an edit of it
+    assert "extends: scales/ci.yaml" in (repo / cfg_file).read_text() and "eval_iters: 2" in scale.read_text()
+    scale.write_text(scale.read_text().replace("eval_iters: 2", "eval_iters: 3"))
     after = jobs()
     assert after.get("set_aside_foreign_run") == runs and after.get("train") == runs, after
