@@ -178,8 +178,9 @@ def _nudged(W64: torch.Tensor, U64: torch.Tensor) -> tuple[torch.Tensor, torch.T
     return nudge(W64), nudge(U64)
 
 
-def measure_file(path: Path, src: Source, etas: tuple[float, ...]) -> list[dict]:
-    """One row per matrix: its errors on every path."""
+def measure_file(path: Path, src: Source, etas: tuple[float, ...], data=None) -> list[dict]:
+    """One row per matrix: its errors on every path. ``data``: the token dataset of the run built for its
+    optimizer's groups (None: the config's prepared one)."""
     import mwm.train.loop as T
     from mwm.config import load_config
     from mwm.optim.manifolds import get_manifold
@@ -195,7 +196,7 @@ def measure_file(path: Path, src: Source, etas: tuple[float, ...]) -> list[dict]
     rows = {n: {"source": src.label, "capture": path.stem, "name": n, "shape": list(pairs[n][0].shape)}
             for n in names}
     with tempfile.TemporaryDirectory() as tmp:
-        run = T.Run(cfg, src.assignment, src.seed, cfg["train"]["dgram_retraction"], Path(tmp))
+        run = T.Run(cfg, src.assignment, src.seed, cfg["train"]["dgram_retraction"], Path(tmp), data=data)
         muon = run.opts.muon
         params = {g["names"][i]: (g, p) for g in muon.param_groups for i, p in enumerate(g["params"])}
         for eta in etas:

@@ -69,9 +69,10 @@ def banks_report(run: Run) -> list[str]:
     return lines
 
 
-def measure(cfg: dict, assignment: str, steps: int, warmup: int, out: Path) -> list[str]:
+def measure(cfg: dict, assignment: str, steps: int, warmup: int, out: Path, data=None) -> list[str]:
+    """``data``: the run's token dataset (None: the config's prepared one)."""
     cfg = run_config(cfg, assignment)  # its grid.train_overrides (hetero-admm's solver), as mwm.train does
-    run = Run(cfg, assignment, 0, cfg["train"]["dgram_retraction"], out)
+    run = Run(cfg, assignment, 0, cfg["train"]["dgram_retraction"], out, data=data)
     run.open_logs(0)
     fb, opt = [], []
     for i in range(warmup + steps):

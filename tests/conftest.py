@@ -29,12 +29,6 @@ def one_thread():
 
 
 @pytest.fixture()
-def fake_data(monkeypatch):
-    """Training reads the stand-in token dataset (tests/fakedata.py), no tokenizer needed."""
-    monkeypatch.setattr("mwm.train.loop.resolve_data", lambda cfg: fakedata.FakeData())
-
-
-@pytest.fixture()
 def tiny_config(tmp_path):
     """Factory for the tests' tiny configs: ``tiny_config(file="tiny.yaml", base=None, folder=None,
     **overrides)`` writes ``folder/file`` (``tmp_path`` by default) and returns its path.

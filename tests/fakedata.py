@@ -25,14 +25,12 @@ class FakeData:
         toks = np.where(r.random(n) < 0.7, base, noise)
         self.vocab_size = vocab
         self._s = {"train": toks.astype(np.uint16), "val": toks[: n // 4].astype(np.uint16)}
+        for split in self._s.values():
+            split.setflags(write=False)  # read-only, as a prepared dataset's memory map is
         self.meta = {"vocab_size": vocab}
 
     def split(self, s):
         return self._s[s]
-
-
-def patch():
-    mwm.train.loop.resolve_data = lambda cfg: FakeData()
 
 
 TINY = {
@@ -42,6 +40,11 @@ TINY = {
               "dual_ascent_steps": 3, "warmup_iters": 2, "lr_decay_iters": 12, "probe_batch": 2,
               "log_interval": 4},
 }
+
+
+#: The stand-in every test run trains on (``data=`` of :func:`mwm.train.cli.main`, ``train``, ``Run``): one
+#: read-only instance, as runs share a prepared dataset.
+TOKENS = FakeData()
 
 
 def write_config(path, base=None, **overrides):
@@ -69,8 +72,8 @@ def write_config(path, base=None, **overrides):
 
 TESTS = Path(__file__).parent
 CHILD = (
-    "import sys; sys.path.insert(0, {tests!r}); import fakedata; fakedata.patch()\n"
-    "from mwm.train.cli import main; sys.exit(main(sys.argv[1:]))\n"
+    "import sys; sys.path.insert(0, {tests!r}); import fakedata\n"
+    "from mwm.train.cli import main; sys.exit(main(sys.argv[1:], data=fakedata.TOKENS))\n"
 )
 
 
@@ -99,7 +102,7 @@ def run_main(tmp_path, *extra, assignment="none", seed="0", out="out", **over):
     """``mwm.train.cli.main`` in this process on a tiny config; its return code and run folder."""
     cfg = write_config(tmp_path / "tiny.yaml", **over)
     rc = mwm.train.cli.main(["--config", str(cfg), "--assignment", assignment, "--seed", seed,
-                         "--out", str(tmp_path / out), *extra])
+                             "--out", str(tmp_path / out), *extra], data=TOKENS)
     return rc, tmp_path / out / "runs" / "tiny" / assignment / f"seed{seed}"
 
 
@@ -140,11 +143,12 @@ def alias_bomb(levels: int = 9, width: int = 9) -> str:
 LOSS_COLS = ("step", "train_loss", "lr", "muon_lr")
 
 
-def run_inprocess(tmp_path, assignment="hetero", seed=0, out="out", **over):
-    """``python -m mwm.train`` in this process on a tiny config with ``over``; its code and run folder."""
+def run_inprocess(tmp_path, assignment="hetero", seed=0, out="out", tokens=None, **over):
+    """``python -m mwm.train`` in this process on a tiny config with ``over``, on ``tokens`` (default:
+    :data:`TOKENS`); its code and run folder."""
     cfg_path = write_config(tmp_path / "tiny.yaml", **over)
     rc = mwm.train.cli.main(["--config", str(cfg_path), "--assignment", assignment, "--seed", str(seed),
-                             "--out", str(tmp_path / out)])
+                             "--out", str(tmp_path / out)], data=TOKENS if tokens is None else tokens)
     return rc, tmp_path / out / "runs" / "tiny" / assignment / f"seed{seed}"
 
 
@@ -164,4 +168,4 @@ def metric_rows(d):
 def tiny_run(tmp_path, assignment="hetero", **over):
     """A built (not started) Run of a tiny config with ``over``."""
     cfg = load_config(write_config(tmp_path / "tiny.yaml", **over))
-    return mwm.train.loop.Run(cfg, assignment, 0, "paper", tmp_path / "out")
+    return mwm.train.loop.Run(cfg, assignment, 0, "paper", tmp_path / "out", data=TOKENS)

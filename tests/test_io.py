@@ -78,7 +78,7 @@ def test_a_full_disk_during_torch_save_raises_the_os_error_and_keeps_the_old_fil
 # -- umask and strict JSON ----------
 
 @pytest.mark.parametrize("mask,mode", [(0o022, 0o644), (0o027, 0o640)])
-def test_written_files_honour_the_umask(tmp_path, fake_data, mask, mode):
+def test_written_files_honour_the_umask(tmp_path, mask, mode):
     from mwm.studies.common import write_csv, write_json
 
     old = os.umask(mask)
@@ -95,11 +95,11 @@ def test_written_files_honour_the_umask(tmp_path, fake_data, mask, mode):
         assert stat.S_IMODE(p.stat().st_mode) == mode, (p, oct(p.stat().st_mode))
 
 
-def test_summary_is_strict_json_with_reasons(tmp_path, fake_data):
+def test_summary_is_strict_json_with_reasons(tmp_path):
     from mwm.train.loop import Run
 
     cfg = load_config(fakedata.write_config(tmp_path / "tiny.yaml"))
-    run = Run(cfg, "none", 0, "paper", tmp_path / "out")
+    run = Run(cfg, "none", 0, "paper", tmp_path / "out", data=fakedata.TOKENS)
     run.last_val = float("nan")
     run.divergence.best_val = float("inf")
     run.write_summary(status="unstable")

@@ -16,7 +16,7 @@ import fakedata
 
 
 @pytest.mark.slow
-def test_second_process_on_a_run_is_refused_naming_the_holder(tiny_config, tmp_path, fake_data, capsys):
+def test_second_process_on_a_run_is_refused_naming_the_holder(tiny_config, tmp_path, capsys):
     cfg = tiny_config(train__max_iters=5000, train__lr_decay_iters=5000,
                       train__eval_interval=5000, train__checkpoint_interval=5000)
     out = tmp_path / "out"
@@ -29,7 +29,8 @@ def test_second_process_on_a_run_is_refused_naming_the_holder(tiny_config, tmp_p
         from mwm.train.cli import main
 
         rows_before = len((d / "metrics.csv").read_text().splitlines())
-        rc = main(["--config", str(cfg), "--assignment", "none", "--seed", "0", "--out", str(out)])
+        rc = main(["--config", str(cfg), "--assignment", "none", "--seed", "0", "--out", str(out)],
+                  data=fakedata.TOKENS)
         err = capsys.readouterr().err
         assert rc == 2
         assert f"process {proc.pid}" in err and socket.gethostname() in err and "in use" in err, err
@@ -41,7 +42,7 @@ def test_second_process_on_a_run_is_refused_naming_the_holder(tiny_config, tmp_p
 
 
 @pytest.mark.slow
-def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path, fake_data, capsys):
+def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path, capsys):
     from mwm.lock import LOCK_NAME
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])

@@ -58,13 +58,12 @@ def measured(bench, tmp_path_factory):
     sys.path.insert(0, sys_path)
     from bench_fullsize import RandomTokens
 
-    mp = pytest.MonkeyPatch()
-    mp.setattr(T, "resolve_data", lambda cfg: RandomTokens(256, 20_000))
+    tokens = RandomTokens(256, 20_000)
     torch.set_num_threads(1)
     tmp = tmp_path_factory.mktemp("acc")
     try:
         cfg = load_config(ROOT / "config" / "ci.yaml")
-        run = T.Run(cfg, "hetero", 0, "paper", tmp / "run")
+        run = T.Run(cfg, "hetero", 0, "paper", tmp / "run", data=tokens)
         run.open_logs(0)
         for step in range(1, 4):
             run.step = step
@@ -77,9 +76,8 @@ def measured(bench, tmp_path_factory):
             arrays[f"W_{i}"], arrays[f"G_{i}"] = consumed[n][1].numpy(), consumed[n][2].numpy()
         np.savez(tmp / "pairs.npz", **arrays)
         src = bench.Source("tiny", "config/ci.yaml", "hetero", 0, {"x": 3})
-        yield bench.measure_file(tmp / "pairs.npz", src, (0.02, 1.0))
+        yield bench.measure_file(tmp / "pairs.npz", src, (0.02, 1.0), data=tokens)
     finally:
-        mp.undo()
         sys.path.remove(sys_path)
 
 

@@ -5,6 +5,7 @@ import re
 
 import pytest
 
+import fakedata
 from conftest import load_benchmark
 
 
@@ -30,11 +31,11 @@ def test_flops_of_both_orders_grow_with_the_rows_only_through_the_m_terms():
 
 
 @pytest.mark.parametrize("assignment", ["none", "hetero"])
-def test_measure_reports_the_split_the_ops_and_the_padding(tiny_config, tmp_path, fake_data, assignment):
+def test_measure_reports_the_split_the_ops_and_the_padding(tiny_config, tmp_path, assignment):
     from mwm.config import load_config
 
     cfg = load_config(tiny_config())
-    lines = _bench().measure(cfg, assignment, steps=2, warmup=1, out=tmp_path)
+    lines = _bench().measure(cfg, assignment, steps=2, warmup=1, out=tmp_path, data=fakedata.TOKENS)
     head = lines[0]
     assert head.startswith(f"{assignment}: fwd+bwd ") and re.search(r"of the step\); evaluation \d+ ms", head)
     banks = [ln for ln in lines if ln.strip().startswith("bank ")]
@@ -48,7 +49,7 @@ def test_measure_reports_the_split_the_ops_and_the_padding(tiny_config, tmp_path
     assert re.search(r"optimizer matmuls: [\d.e+-]+ GFLOP a step, [\d.]+% on padding", lines[-1])
 
 
-def test_a_variant_is_measured_with_its_grid_overrides(tiny_config, tmp_path, fake_data):
+def test_a_variant_is_measured_with_its_grid_overrides(tiny_config, tmp_path):
     """hetero-admm is hetero's manifolds with ADMM (grid.train_overrides): its optimizer must
     be counted and timed with ADMM's one step, not hetero's dual ascent, as mwm.train runs it."""
     from mwm.config import load_config
@@ -60,7 +61,8 @@ def test_a_variant_is_measured_with_its_grid_overrides(tiny_config, tmp_path, fa
     cfg = load_config(path)
 
     def gflop(assignment):
-        last = _bench().measure(cfg, assignment, steps=1, warmup=1, out=tmp_path / assignment)[-1]
+        last = _bench().measure(cfg, assignment, steps=1, warmup=1, out=tmp_path / assignment,
+                                data=fakedata.TOKENS)[-1]
         return float(re.search(r"optimizer matmuls: ([\d.e+-]+) GFLOP", last).group(1))
 
     gpu = load_benchmark("bench_gpu")

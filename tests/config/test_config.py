@@ -153,7 +153,6 @@ def test_a_schema_default_comes_from_mwm_names_once():
             config._vocab({"x": {"$default": bad}}, "train.yaml")
 
 
-
 def test_a_setting_two_sections_share_is_spelled_once():
     """``$same: section.key`` copies that key's schema: the growth audit's schedule is train's, so its
     defaults and bounds cannot drift from the released train.py's."""
@@ -429,7 +428,6 @@ def test_a_scale_edited_after_the_workflow_planned_is_refused(tmp_path, monkeypa
     (path.parent / "scales" / "s.yaml").write_text("train: {batch_size: 9}\n")
     with pytest.raises(ConfigError, match=r"c\.yaml or its scale file .*s\.yaml was edited after the workflow"):
         load_config(path)
-
 
 
 def test_configs_of_one_scale_share_its_sections():

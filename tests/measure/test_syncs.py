@@ -6,6 +6,7 @@ import types
 import pytest
 import torch
 
+import fakedata
 from mwm.config import load_config
 from mwm.measure.syncs import SyncCounter
 from mwm.train.loop import Run
@@ -35,7 +36,7 @@ def test_counts_the_packages_float_and_bool_reads_not_integer_ones():
 def _reads_per_step(tiny_config, tmp_path, monkeypatch, assignment, n_layer, grad_accum, steps=2):
     path = tiny_config(f"c{n_layer}{grad_accum}.yaml", model__n_layer=n_layer, train__grad_accum=grad_accum)
     cfg = load_config(path)
-    run = Run(cfg, assignment, 0, "paper", tmp_path / f"out{n_layer}{grad_accum}")
+    run = Run(cfg, assignment, 0, "paper", tmp_path / f"out{n_layer}{grad_accum}", data=fakedata.TOKENS)
     run.open_logs(0)
     run.train_step()  # the first step creates the optimizer state
     run.step += 1
@@ -51,7 +52,7 @@ def _reads_per_step(tiny_config, tmp_path, monkeypatch, assignment, n_layer, gra
 
 @pytest.mark.parametrize("assignment", ["none", pytest.param("hetero", marks=pytest.mark.slow),
                                         pytest.param("dgram", marks=pytest.mark.slow)])
-def test_host_reads_per_step_do_not_grow_with_depth_or_micro_batches(tiny_config, fake_data, tmp_path, monkeypatch,
+def test_host_reads_per_step_do_not_grow_with_depth_or_micro_batches(tiny_config, tmp_path, monkeypatch,
                                                                      assignment):
     base = _reads_per_step(tiny_config, tmp_path, monkeypatch, assignment, n_layer=1, grad_accum=1)
     deeper = _reads_per_step(tiny_config, tmp_path, monkeypatch, assignment, n_layer=3, grad_accum=1)

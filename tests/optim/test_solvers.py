@@ -225,7 +225,7 @@ def test_settings_come_from_the_train_section_and_the_schema_holds_the_defaults(
 
 
 @pytest.mark.slow
-def test_capture_sequence_and_solver_study(fake_data, tmp_path):
+def test_capture_sequence_and_solver_study(tmp_path):
     from mwm.config import load_config
     from mwm.studies.solvers import run_solvers
 
@@ -237,7 +237,7 @@ def test_capture_sequence_and_solver_study(fake_data, tmp_path):
                                  "studies.solvers.tols=[0.001]", "studies.solvers.admm_steps=[3]",
                                  "studies.solvers.admm_rho=[1.0]", "studies.device=cpu",
                                  "studies.solvers.normalized=true"])
-    derived = run_solvers(cfg, tmp_path / "study", log=lambda *a: None)
+    derived = run_solvers(cfg, tmp_path / "study", log=lambda *a: None, data=fakedata.TOKENS)
     from mwm.workflow.stages import STAGES
 
     # the manifest's files, besides the folder of its own capture trainings
@@ -310,7 +310,7 @@ def test_a_sequence_argument_that_is_no_run_folder_fails_before_any_work(tmp_pat
     assert not (tmp_path / "out").exists()
 
 
-def test_a_capture_training_that_diverges_is_not_captured_with_its_reason(fake_data, tmp_path):
+def test_a_capture_training_that_diverges_is_not_captured_with_its_reason(tmp_path):
     """The DGram capture training overflows at once (learning rates 1e6 through train_overrides):
     the study measures Stiefel, lists DGram as "not captured" with its onset, and the
     report's table says so; with every capture diverged the files hold headers only."""
@@ -330,7 +330,7 @@ def test_a_capture_training_that_diverges_is_not_captured_with_its_reason(fake_d
     cfg_path = fakedata.write_config(tmp_path / "tiny.yaml", train__warmup_iters=0)
     cfg = load_config(cfg_path, small + ["grid.assignments=[stiefel,dgram]",
                                          "grid.train_overrides={dgram: {learning_rate: 1.0e+6, muon_lr: 1.0e+6}}"])
-    derived = run_solvers(cfg, tmp_path / "one", log=lambda *a: None)
+    derived = run_solvers(cfg, tmp_path / "one", log=lambda *a: None, data=fakedata.TOKENS)
     assert set(derived["by_manifold"]) == {"stiefel"}
     (missing,) = derived["not_captured"]
     assert missing["assignment"] == "dgram" and missing["reason"].startswith("unstable at step ")
@@ -342,7 +342,7 @@ def test_a_capture_training_that_diverges_is_not_captured_with_its_reason(fake_d
     assert table["cheapest matching"].iloc[1].startswith("not captured: unstable at step ")
 
     cfg = load_config(cfg_path, small + ["train.learning_rate=1e6", "train.muon_lr=1e6"])
-    derived = run_solvers(cfg, tmp_path / "none", log=lambda *a: None)
+    derived = run_solvers(cfg, tmp_path / "none", log=lambda *a: None, data=fakedata.TOKENS)
     assert derived["by_manifold"] == {} and [m["assignment"] for m in derived["not_captured"]] == ["stiefel", "dgram"]
     assert read_csv(tmp_path / "none" / "solvers.csv") == []
     st = {"solvers_summary.csv": pd.read_csv(tmp_path / "none" / "solvers_summary.csv"),
@@ -353,7 +353,7 @@ def test_a_capture_training_that_diverges_is_not_captured_with_its_reason(fake_d
         "not captured: unstable at step ").all()
 
 
-def test_grid_runs_capture_the_window_and_the_study_reads_them_without_training(fake_data, tmp_path, monkeypatch):
+def test_grid_runs_capture_the_window_and_the_study_reads_them_without_training(tmp_path, monkeypatch):
     """studies.solvers.source: grid: the grid's stiefel and dgram runs at the study's seed save
     the window while they train (other runs: an empty sequence/, the same identity); the study
     then trains nothing and measures exactly those steps. A grid run that went unstable before
@@ -374,7 +374,7 @@ def test_grid_runs_capture_the_window_and_the_study_reads_them_without_training(
              "grid.seeds=[0,1]"]
     cfg = load_config(fakedata.write_config(tmp_path / "tiny.yaml", train__warmup_iters=1), small)
     for a, seed in (("stiefel", 0), ("dgram", 0), ("stiefel", 1)):
-        assert train(cfg, a, seed, out_root="results") == 0
+        assert train(cfg, a, seed, out_root="results", data=fakedata.TOKENS) == 0
     seq = lambda a, s: sorted(f.name for f in (run_dir("results", "tiny", a, s) / "sequence").iterdir())  # noqa: E731
     assert seq("stiefel", 0) == seq("dgram", 0) == [f"step_{s:06d}.npz" for s in (2, 3, 4)]
     assert seq("stiefel", 1) == []  # not the study's seed: the declared folder, empty
@@ -382,7 +382,7 @@ def test_grid_runs_capture_the_window_and_the_study_reads_them_without_training(
         summary = json.loads((run_dir("results", "tiny", a, s) / "summary.json").read_text())
         assert summary["config_hash"] == config_hash(config_run_identity(cfg, a, s))
 
-    derived = run_solvers(cfg, tmp_path / "study", log=lambda *a: None)
+    derived = run_solvers(cfg, tmp_path / "study", log=lambda *a: None, data=fakedata.TOKENS)
     assert not (tmp_path / "study" / "_train").exists()  # nothing trained twice
     assert derived["runs"] == [str(run_dir("results", "tiny", a, 0)) for a in ("stiefel", "dgram")]
     assert set(derived["by_manifold"]) == {"stiefel", "dgram"} and derived["not_captured"] == []
@@ -394,7 +394,7 @@ def test_grid_runs_capture_the_window_and_the_study_reads_them_without_training(
         f.unlink()
     summary = json.loads((dgram / "summary.json").read_text())
     (dgram / "summary.json").write_text(json.dumps({**summary, "status": "unstable", "onset_step": 1, "steps_done": 1}))
-    derived = run_solvers(cfg, tmp_path / "study2", log=lambda *a: None)
+    derived = run_solvers(cfg, tmp_path / "study2", log=lambda *a: None, data=fakedata.TOKENS)
     assert set(derived["by_manifold"]) == {"stiefel"}
     (missing,) = derived["not_captured"]
     assert missing["assignment"] == "dgram" and missing["reason"].startswith("unstable at step 1")
@@ -403,7 +403,7 @@ def test_grid_runs_capture_the_window_and_the_study_reads_them_without_training(
 
     shutil.rmtree(run_dir("results", "tiny", "stiefel", 0))
     with pytest.raises(FileNotFoundError, match=r"stiefel/seed0: no sequence/ folder"):
-        run_solvers(cfg, tmp_path / "study3", log=lambda *a: None)
+        run_solvers(cfg, tmp_path / "study3", log=lambda *a: None, data=fakedata.TOKENS)
 
 
 def test_capture_missing_reads_the_runs_summary(tmp_path):

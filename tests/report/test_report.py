@@ -40,16 +40,13 @@ def results(tmp_path_factory):
     path = root / "tiny.yaml"
     path.write_text(yaml.safe_dump(cfg_dict))
     cfg = load_config(path)
-    mp = pytest.MonkeyPatch()
-    mp.setattr("mwm.train.loop.resolve_data", lambda c: fakedata.FakeData())
     from mwm.config.names import parse_variant
     from mwm.plan.runs import grid_variants
 
     for v in grid_variants(cfg["grid"]):
         a, r = parse_variant(v)
         for seed in (0, 1):
-            assert train(cfg, a, seed, r, root / "results") == 0
-    mp.undo()
+            assert train(cfg, a, seed, r, root / "results", data=fakedata.TOKENS) == 0
     # mark both dgram seeds unstable, as a diverged run would be
     for seed, onset in ((0, 3), (1, 6)):
         p = root / "results" / "runs" / "tiny" / "dgram" / f"seed{seed}" / "summary.json"
@@ -146,7 +143,7 @@ def test_a_run_that_is_not_the_configs_own_is_refused_naming_the_keys(results, t
 
 # -- the report checks the logs back each summary ----------
 
-def test_report_refuses_a_summary_its_logs_do_not_back(tmp_path, fake_data):
+def test_report_refuses_a_summary_its_logs_do_not_back(tmp_path):
     """What an interrupted rerun left before the fix: the old summary over logs cut to step 0."""
     from mwm.report.load import ReportError, load_runs
 
@@ -173,7 +170,7 @@ def test_report_refuses_a_summary_its_logs_do_not_back(tmp_path, fake_data):
     ("spectral.csv", "fields", r"spectral\.csv: line 2 has \d+ fields, the header \d+"),
     ("attention.csv", "step", r"attention\.csv: line 2 has step 'x', not a step number"),
 ])
-def test_report_refuses_a_damaged_log_naming_file_and_line(tmp_path, fake_data, log, damage, match):
+def test_report_refuses_a_damaged_log_naming_file_and_line(tmp_path, log, damage, match):
     from mwm.report.load import ReportError, load_runs
 
     rc, d = fakedata.run_main(tmp_path, grid__assignments=["none"])

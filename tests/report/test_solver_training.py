@@ -5,6 +5,7 @@ import json
 import pandas as pd
 import pytest
 
+import fakedata
 from mwm.config import ConfigError, load_config
 from mwm.report.load import load_runs
 from mwm.report.solver_training import MIN_SEEDS, solver_training_report, verdict
@@ -54,11 +55,11 @@ def test_a_comparison_that_is_not_about_the_solver_is_refused(change, message):
 
 
 @pytest.mark.slow
-def test_report_pairs_seeds_and_reads_the_candidate_solver(tiny_config, fake_data, tmp_path):
+def test_report_pairs_seeds_and_reads_the_candidate_solver(tiny_config, tmp_path):
     cfg = _config(tiny_config, GRID)
     for variant in GRID["assignments"]:
         for seed in GRID["seeds"]:
-            assert train(cfg, variant, seed, None, tmp_path / "results") == 0
+            assert train(cfg, variant, seed, None, tmp_path / "results", data=fakedata.TOKENS) == 0
     runs = load_runs(cfg, tmp_path / "results")
     # the candidate trained with ADMM: its runs differ from the baseline's
     assert not runs["hetero-admm", 0].eval["val_loss"].equals(runs["hetero", 0].eval["val_loss"])

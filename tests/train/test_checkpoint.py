@@ -17,11 +17,6 @@ from mwm.train.loop import EXIT_PREEMPTED, Run
 import pickle
 
 
-@pytest.fixture(autouse=True)
-def _fake_data(fake_data):  # every test here trains on the fake data
-    pass
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["sigkill", "sigterm"])
 def test_interrupted_run_resumes_bit_for_bit(tmp_path, how):
@@ -109,7 +104,7 @@ def test_full_disk_at_a_checkpoint_is_named_in_the_summary_and_the_run_resumes(t
     assert [r[0] for r in fakedata.csv_cols(run / "metrics.csv", ("step",))] == [str(i) for i in range(12)]
 
 
-def test_planted_pickle_checkpoint_is_refused_and_runs_no_code(tmp_path, fake_data, capsys):
+def test_planted_pickle_checkpoint_is_refused_and_runs_no_code(tmp_path, capsys):
     marker = tmp_path / "PWNED"
     ck = tmp_path / "out" / "checkpoints" / "tiny" / "none" / "seed0" / "ckpt.pt"
     ck.parent.mkdir(parents=True)
@@ -128,14 +123,14 @@ def test_planted_pickle_checkpoint_is_refused_and_runs_no_code(tmp_path, fake_da
 def _saved_at_step_4(tmp_path, assignment):
     """A tiny run's checkpoint written at step 4: the run and the checkpoint read back as weights only."""
     cfg = load_config(fakedata.write_config(tmp_path / "tiny.yaml"))
-    run = Run(cfg, assignment, 0, "paper", tmp_path / "out")
+    run = Run(cfg, assignment, 0, "paper", tmp_path / "out", data=fakedata.TOKENS)
     run.open_logs(0)
     run.step = 4
     run.save_checkpoint()
     return run, torch.load(run.ckpt_path, weights_only=True)
 
 
-def test_real_checkpoints_load_as_weights_only(tmp_path, fake_data):
+def test_real_checkpoints_load_as_weights_only(tmp_path):
     _, ck = _saved_at_step_4(tmp_path, "hetero")
     assert ck["step"] == 4
 
@@ -156,7 +151,7 @@ def test_sigint_checkpoints_like_sigterm(tmp_path):
 
 
 @pytest.mark.parametrize("drop", ["opt_shares", "config_hash", "step", "sampler", "muon", "a model weight"])
-def test_a_checkpoint_short_of_a_key_is_a_one_line_error_naming_it(tmp_path, fake_data, capsys, monkeypatch, drop):
+def test_a_checkpoint_short_of_a_key_is_a_one_line_error_naming_it(tmp_path, capsys, monkeypatch, drop):
     from mwm.train.folder import RunFolder
 
     run, ck = _saved_at_step_4(tmp_path, "none")
@@ -214,7 +209,7 @@ def _same_as_uninterrupted(tmp_path, d):
             == sorted(p.name for p in (ref / "spectra").glob("*.npz")))
 
 
-def test_a_kill_while_the_logs_are_copied_beside_a_checkpoint_loses_no_row(tmp_path, fake_data, monkeypatch, capsys):
+def test_a_kill_while_the_logs_are_copied_beside_a_checkpoint_loses_no_row(tmp_path, monkeypatch, capsys):
     """Killed between the metrics.csv and eval.csv copies of the step-8 checkpoint, then retried after the
     workflow deleted the job's outputs: the run resumes from the last whole checkpoint (step 4) and ends with
     every row an uninterrupted run has."""
@@ -229,7 +224,7 @@ def test_a_kill_while_the_logs_are_copied_beside_a_checkpoint_loses_no_row(tmp_p
     _same_as_uninterrupted(tmp_path, d)
 
 
-def test_a_duplicated_log_row_below_the_checkpoint_is_repaired_from_its_copy(tmp_path, fake_data, monkeypatch):
+def test_a_duplicated_log_row_below_the_checkpoint_is_repaired_from_its_copy(tmp_path, monkeypatch):
     _interrupted(tmp_path, monkeypatch, at_step=8)
     d = tmp_path / "out" / "runs" / "tiny" / "none" / "seed0"
     lines = (d / "metrics.csv").read_text().splitlines()
@@ -239,7 +234,7 @@ def test_a_duplicated_log_row_below_the_checkpoint_is_repaired_from_its_copy(tmp
     _same_as_uninterrupted(tmp_path, d)
 
 
-def test_a_foreign_checkpoint_is_refused_before_anything_moves(tmp_path, fake_data, monkeypatch, capsys):
+def test_a_foreign_checkpoint_is_refused_before_anything_moves(tmp_path, monkeypatch, capsys):
     _interrupted(tmp_path, monkeypatch, at_step=8)
     d = tmp_path / "out" / "runs" / "tiny" / "none" / "seed0"
     ck = tmp_path / "out" / "checkpoints" / "tiny" / "none" / "seed0" / "ckpt.pt"
@@ -254,7 +249,7 @@ def test_a_foreign_checkpoint_is_refused_before_anything_moves(tmp_path, fake_da
     assert not list(d.glob("*.csv"))  # its copy of the logs was not brought in
 
 
-def test_a_checkpoint_of_other_numerics_is_refused_naming_both_versions(tmp_path, fake_data, monkeypatch, capsys):
+def test_a_checkpoint_of_other_numerics_is_refused_naming_both_versions(tmp_path, monkeypatch, capsys):
     from mwm import numerics
 
     _interrupted(tmp_path, monkeypatch, at_step=4)

@@ -12,17 +12,13 @@ from mwm.config import load_config
 from mwm.train.cli import main
 
 
-@pytest.fixture(autouse=True)
-def _fake_data(fake_data):  # every test here trains on the fake data
-    pass
-
-
 def test_bad_input_fails_before_writing(tmp_path, capsys):
     rc, d = fakedata.run_inprocess(tmp_path, assignment="heter")
     assert rc == 2 and not d.exists()
     assert "unknown assignment 'heter'" in capsys.readouterr().err
     cfg = fakedata.write_config(tmp_path / "bad.yaml", train__lerning_rate=0.1)
-    assert main(["--config", str(cfg), "--assignment", "none", "--seed", "0", "--out", str(tmp_path / "o")]) == 2
+    assert main(["--config", str(cfg), "--assignment", "none", "--seed", "0", "--out", str(tmp_path / "o")],
+                data=fakedata.TOKENS) == 2
     assert "lerning_rate" in capsys.readouterr().err
     rc, d = fakedata.run_inprocess(tmp_path, model__vocab_size=10)
     assert rc == 2 and "vocab_size=10" in capsys.readouterr().err
@@ -40,32 +36,33 @@ def test_hand_run_with_overrides_never_lands_in_the_config_folder(tmp_path, monk
     cfg = fakedata.write_config(tmp_path / "tiny.yaml", train__max_iters=4, train__lr_decay_iters=4)
     own = Path(RESULTS_ROOT) / "runs" / "tiny" / "none" / "seed0"
     args = ["--config", str(cfg), "--assignment", "none", "--seed", "0"]
-    assert main([*args, "--out", RESULTS_ROOT, "train.learning_rate=0.02"]) == 2
+    assert main([*args, "--out", RESULTS_ROOT, "train.learning_rate=0.02"], data=fakedata.TOKENS) == 2
     err = capsys.readouterr().err
     assert "train.learning_rate: run 0.02" in err and "not config 'tiny'" in err and not own.exists()
-    assert main([*args, "train.learning_rate=0.02"]) == 0
+    assert main([*args, "train.learning_rate=0.02"], data=fakedata.TOKENS) == 0
     hand = Path(RESULTS_ROOT) / HAND_FOLDER / config_hash(load_config(cfg, ["train.learning_rate=0.02"]))
     assert str(hand) in capsys.readouterr().out
     s = json.loads((hand / "runs" / "tiny" / "none" / "seed0" / "summary.json").read_text())
     assert s["identity"]["train"]["learning_rate"] == 0.02 and not own.exists()
     assert json.loads((hand / "overrides.json").read_text())["overrides"] == ["train.learning_rate=0.02"]
     # an override that leaves the run as the config's own (not a train/model/data key) stays there
-    assert main([*args, "workflow.retries=3"]) == 0 and (own / "summary.json").exists()
+    assert main([*args, "workflow.retries=3"], data=fakedata.TOKENS) == 0 and (own / "summary.json").exists()
 
 
-def test_a_hand_run_after_a_config_edit_keeps_the_finished_run(tmp_path, monkeypatch, capsys, fake_data):
+def test_a_hand_run_after_a_config_edit_keeps_the_finished_run(tmp_path, monkeypatch, capsys):
     """docs/training.md's "same by hand" command after a config edit replaced the finished run in place; it
     is now moved to results/hand/foreign/ first, as the workflow would set it aside."""
     monkeypatch.chdir(tmp_path)
     cfg = fakedata.write_config(tmp_path / "tiny.yaml", train__max_iters=4, train__lr_decay_iters=4)
     args = ["--config", str(cfg), "--assignment", "none", "--seed", "0"]
     own = Path("results") / "runs" / "tiny" / "none" / "seed0"
-    assert main(args) == 0
-    assert main(args) == 0 and not Path("results/hand").exists()  # its own run: rerun in place, as before
+    assert main(args, data=fakedata.TOKENS) == 0
+    # its own run: rerun in place, as before
+    assert main(args, data=fakedata.TOKENS) == 0 and not Path("results/hand").exists()
     first = (own / "summary.json").read_text()
     fakedata.write_config(tmp_path / "tiny.yaml", train__max_iters=4, train__lr_decay_iters=4, train__eval_interval=2)
     capsys.readouterr()
-    assert main(args) == 0
+    assert main(args, data=fakedata.TOKENS) == 0
     assert "moved it to" in capsys.readouterr().err
     kept = list((Path("results") / "hand" / "foreign" / "tiny" / "none").glob("seed0-*"))
     assert len(kept) == 1 and (kept[0] / "summary.json").read_text() == first
@@ -75,14 +72,14 @@ def test_a_hand_run_after_a_config_edit_keeps_the_finished_run(tmp_path, monkeyp
 
 def test_config_errors_fail_before_any_data_is_read(tmp_path, monkeypatch, capsys):
     """n_embd/n_head and grid.custom patterns need no data: they failed only once the data was open."""
-    def no_data(cfg):
-        raise AssertionError("the data was read before the config was checked")
+    class NoData:  # any read of the run's tokens fails the test
+        def __getattr__(self, name):
+            raise AssertionError("the data was read before the config was checked")
 
-    monkeypatch.setattr("mwm.train.loop.resolve_data", no_data)
-    rc, d = fakedata.run_inprocess(tmp_path, model__n_embd=15, model__n_head=2)
+    rc, d = fakedata.run_inprocess(tmp_path, tokens=NoData(), model__n_embd=15, model__n_head=2)
     assert rc == 2 and "n_embd=15 is not divisible by n_head=2" in capsys.readouterr().err and not d.exists()
-    rc, d = fakedata.run_inprocess(tmp_path, assignment="mine", grid__custom={"mine": {"*.attn.q_proj.*": "stiefel"}},
-                          grid__assignments=["mine"])
+    rc, d = fakedata.run_inprocess(tmp_path, assignment="mine", tokens=NoData(),
+                                   grid__custom={"mine": {"*.attn.q_proj.*": "stiefel"}}, grid__assignments=["mine"])
     err = capsys.readouterr().err
     assert rc == 2 and "grid.custom.mine" in err and "match no hidden matrix" in err and not d.exists()
 
@@ -100,7 +97,7 @@ def test_bad_seed_and_output_roots_are_refused_before_the_run(tmp_path, monkeypa
     cfg = fakedata.write_config(tmp_path / "tiny.yaml")
     argv = ["--config", str(cfg), "--assignment", "none", "--seed", "0", "--out", str(tmp_path / "o"), *args]
     try:
-        rc = main(argv)
+        rc = main(argv, data=fakedata.TOKENS)
     except SystemExit as exc:  # argparse's refusal
         rc = exc.code
     err = capsys.readouterr().err
@@ -110,16 +107,16 @@ def test_bad_seed_and_output_roots_are_refused_before_the_run(tmp_path, monkeypa
 
 @pytest.mark.parametrize("args,needle", [(["--seed", "-1"], "--seed"), (["--threads", "-1"], "--threads"),
                                          (["--threads", "0"], "--threads")])
-def test_negative_seed_and_threads_are_refused(tmp_path, fake_data, capsys, args, needle):
+def test_negative_seed_and_threads_are_refused(tmp_path, capsys, args, needle):
     cfg = fakedata.write_config(tmp_path / "tiny.yaml")
     argv = ["--config", str(cfg), "--assignment", "none", "--seed", "0", "--out", str(tmp_path / "o")] + args
     with pytest.raises(SystemExit) as exc:
-        main(argv)
+        main(argv, data=fakedata.TOKENS)
     assert exc.value.code == 2 and needle in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
 
 
-def test_colnorm_of_an_assignment_without_dgram_is_refused(tmp_path, fake_data, capsys):
+def test_colnorm_of_an_assignment_without_dgram_is_refused(tmp_path, capsys):
     rc, d = fakedata.run_main(tmp_path, assignment="none-colnorm")
     assert rc == 2 and "colnorm" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
@@ -133,8 +130,8 @@ def test_a_hand_run_is_checked_against_what_it_runs_not_the_grid_s_capture_windo
                                                   "capture_start": 6, "capture_length": 2},
                                 grid__assignments=["stiefel"])
     args = ["--config", str(cfg), "--assignment", "stiefel", "--seed", "0", "--out", str(tmp_path / "o")]
-    assert main([*args, "train.max_iters=4", "train.lr_decay_iters=4"]) == 0
-    assert main([*args, "model.n_head=3"]) == 2
+    assert main([*args, "train.max_iters=4", "train.lr_decay_iters=4"], data=fakedata.TOKENS) == 0
+    assert main([*args, "model.n_head=3"], data=fakedata.TOKENS) == 2
     assert "tiny.yaml with model.n_head=3: model:" in capsys.readouterr().err
     # the config file itself still is checked whole
     bad = fakedata.write_config(tmp_path / "bad.yaml", train__max_iters=6, train__lr_decay_iters=6,
@@ -142,11 +139,11 @@ def test_a_hand_run_is_checked_against_what_it_runs_not_the_grid_s_capture_windo
                                                   "capture_start": 6, "capture_length": 2},
                                 grid__assignments=["stiefel"])
     assert main(["--config", str(bad), "--assignment", "stiefel", "--seed", "0", "--out", str(tmp_path / "b"),
-                 "train.max_iters=4"]) == 2
+                 "train.max_iters=4"], data=fakedata.TOKENS) == 2
     assert "capture_start + capture_length = 8 is past train.max_iters 6" in capsys.readouterr().err
 
 
-def test_a_results_folder_that_cannot_be_written_is_a_one_line_error(tmp_path, fake_data, capsys, monkeypatch):
+def test_a_results_folder_that_cannot_be_written_is_a_one_line_error(tmp_path, capsys, monkeypatch):
     """Root writes into read-only folders, so the OS's refusal is planted where the run takes its lock."""
     import mwm.lock
 
@@ -172,7 +169,7 @@ def test_a_run_gives_back_the_signal_handlers_it_replaced(tmp_path):
             signal.signal(sig, handler)
 
 
-def test_nproc_that_the_grad_accum_cannot_share_is_refused_before_torchrun(tmp_path, fake_data, capsys, monkeypatch):
+def test_nproc_that_the_grad_accum_cannot_share_is_refused_before_torchrun(tmp_path, capsys, monkeypatch):
     import mwm.train.cli as cli
 
     started = []

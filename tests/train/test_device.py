@@ -9,11 +9,6 @@ import fakedata
 from mwm.config import ConfigError
 
 
-@pytest.fixture(autouse=True)
-def _fake_data(fake_data):  # every test here trains on the fake data
-    pass
-
-
 def test_model_and_optimizers_are_built_on_the_cpu_then_moved(tmp_path, monkeypatch):
     """The Stiefel init (float64 SVD per matrix) runs on the CPU before the model moves,
     and the optimizers hold the moved parameters (the same objects)."""

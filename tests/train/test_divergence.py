@@ -103,7 +103,7 @@ def test_adamw_weights_and_gradients_are_checked(assignment):
 
 
 @pytest.mark.parametrize("assignment", ["dgram", "adamw"])
-def test_planted_overflow_ends_the_run_unstable_at_that_step(tmp_path, monkeypatch, fake_data, assignment):
+def test_planted_overflow_ends_the_run_unstable_at_that_step(tmp_path, monkeypatch, assignment):
     """Whatever the site, the run is a completed job: unstable, onset at the planted step,
     pairs file 'not captured' with its reason, every other output present."""
     import mwm.train.loop as T
@@ -118,7 +118,8 @@ def test_planted_overflow_ends_the_run_unstable_at_that_step(tmp_path, monkeypat
 
     monkeypatch.setattr(T.Run, "train_step", train_step)
     cfg = fakedata.write_config(tmp_path / "tiny.yaml", train__capture_pairs_step=6)
-    assert main(["--config", str(cfg), "--assignment", assignment, "--seed", "0", "--out", str(tmp_path / "o")]) == 0
+    assert main(["--config", str(cfg), "--assignment", assignment, "--seed", "0", "--out", str(tmp_path / "o")],
+                data=fakedata.TOKENS) == 0
     d = tmp_path / "o" / "runs" / "tiny" / assignment / "seed0"
     s = json.loads((d / "summary.json").read_text())
     assert s["status"] == "unstable" and s["onset_step"] == 3 and s["steps_done"] == 3

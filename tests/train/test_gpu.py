@@ -38,11 +38,6 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _fake_data(fake_data):  # every test here trains on the fake data
-    pass
-
-
 def tiny(tmp_path, name="tiny.yaml", **over):
     over.setdefault("train__device", DEVICE)
     return fakedata.write_config(tmp_path / name, **over)
@@ -53,7 +48,8 @@ def run_dir(out, assignment="hetero"):
 
 
 def train(cfg_path, out, assignment="hetero"):
-    return main(["--config", str(cfg_path), "--assignment", assignment, "--seed", "0", "--out", str(out)])
+    return main(["--config", str(cfg_path), "--assignment", assignment, "--seed", "0", "--out", str(out)],
+                data=fakedata.TOKENS)
 
 
 def eval_rows(d):
@@ -182,7 +178,7 @@ def test_ddp_over_one_rank_matches_the_plain_run(tmp_path, monkeypatch):
     cfg_path = tiny(tmp_path, train__max_iters=4, train__lr_decay_iters=4, train__eval_interval=4,
                     train__grad_accum=2)
     cfg = load_config(cfg_path)
-    plain = Run(cfg, "hetero", 0, "paper", tmp_path / "plain")
+    plain = Run(cfg, "hetero", 0, "paper", tmp_path / "plain", data=fakedata.TOKENS)
     assert plain.run() == 0 and plain.ddp is None
     # one rank on loopback: a lent machine's other interfaces (InfiniBand, none routed) must not be tried;
     # and no cuMem or shared-memory transport, which a sandboxed container may not allow (/dev/shm)
@@ -193,7 +189,7 @@ def test_ddp_over_one_rank_matches_the_plain_run(tmp_path, monkeypatch):
     dist.init_process_group("nccl" if ON_GPU else "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}",
                             rank=0, world_size=1, timeout=datetime.timedelta(seconds=60))
     try:
-        wrapped = Run(cfg, "hetero", 0, "paper", tmp_path / "ddp")
+        wrapped = Run(cfg, "hetero", 0, "paper", tmp_path / "ddp", data=fakedata.TOKENS)
         assert wrapped.ddp is not None
         assert wrapped.run() == 0
     finally:

@@ -6,16 +6,12 @@ import math
 
 import pytest
 
+import fakedata
 from mwm.train.cli import main
 from mwm.train.loop import Run
 
 pytest.importorskip("tensorboard")
 pytest.importorskip("dvclive")
-
-
-@pytest.fixture(autouse=True)
-def _fake_data(fake_data):
-    pass
 
 
 def _rows(path):
@@ -65,11 +61,11 @@ def test_live_curves_equal_the_csvs_and_a_resumed_run_has_each_step_once(tiny_co
 
     monkeypatch.setattr(Run, "train_step", crash_at_6)
     with pytest.raises(RuntimeError, match="node lost"):
-        main(args)
+        main(args, data=fakedata.TOKENS)
     run_dir = tmp_path / "out" / "runs" / "tiny" / "hetero" / "seed0"
     assert [t for t, _ in _tensorboard(run_dir / "tensorboard")["train/loss"]] == list(range(6))
     monkeypatch.setattr(Run, "train_step", real)
-    assert main(args) == 0
+    assert main(args, data=fakedata.TOKENS) == 0
     assert [int(r["step"]) for r in _rows(run_dir / "metrics.csv")] == list(range(12))
     _check(run_dir)
 
@@ -77,7 +73,8 @@ def test_live_curves_equal_the_csvs_and_a_resumed_run_has_each_step_once(tiny_co
 def test_without_a_logger_no_live_folder_is_written(tiny_config, tmp_path):
     cfg = tiny_config(train__max_iters=2, train__lr_decay_iters=2,
                       train__eval_interval=2)
-    assert main(["--config", str(cfg), "--assignment", "none", "--seed", "0", "--out", str(tmp_path / "out")]) == 0
+    assert main(["--config", str(cfg), "--assignment", "none", "--seed", "0", "--out", str(tmp_path / "out")],
+                data=fakedata.TOKENS) == 0
     run_dir = tmp_path / "out" / "runs" / "tiny" / "none" / "seed0"
     assert (run_dir / "metrics.csv").exists()
     assert not (run_dir / "tensorboard").exists() and not (run_dir / "dvclive").exists()
@@ -89,7 +86,8 @@ def test_both_loggers_get_the_runs_parameters(tiny_config, tmp_path):
 
     cfg = tiny_config(workflow__loggers=["tensorboard", "dvclive"], train__max_iters=2, train__lr_decay_iters=2,
                       train__eval_interval=2)
-    assert main(["--config", str(cfg), "--assignment", "hetero", "--seed", "3", "--out", str(tmp_path / "out")]) == 0
+    assert main(["--config", str(cfg), "--assignment", "hetero", "--seed", "3", "--out", str(tmp_path / "out")],
+                data=fakedata.TOKENS) == 0
     run_dir = tmp_path / "out" / "runs" / "tiny" / "hetero" / "seed3"
     params = yaml.safe_load((run_dir / "dvclive" / "params.yaml").read_text())
     assert params["assignment"] == "hetero" and params["seed"] == 3 and params["train.max_iters"] == 2

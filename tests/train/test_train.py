@@ -16,11 +16,6 @@ from mwm.train.divergence import DivergenceMonitor
 from mwm.train.loop import Run
 
 
-@pytest.fixture(autouse=True)
-def _fake_data(fake_data):  # every test here trains on the fake data
-    pass
-
-
 def test_run_writes_documented_outputs(tmp_path):
     rc, d = fakedata.run_inprocess(tmp_path, train__capture_pairs_step=5)
     assert rc == 0
@@ -73,8 +68,8 @@ def test_seeds_differ_but_eval_batches_are_shared(tmp_path):
     ea, eb = fakedata.csv_cols(a / "eval.csv", ["val_loss"]), fakedata.csv_cols(b / "eval.csv", ["val_loss"])
     assert ea != eb
     cfg = load_config(fakedata.write_config(tmp_path / "c.yaml"))
-    r0 = Run(cfg, "none", 0, "paper", tmp_path / "x")
-    r1 = Run(cfg, "none", 1, "paper", tmp_path / "x")
+    r0 = Run(cfg, "none", 0, "paper", tmp_path / "x", data=fakedata.TOKENS)
+    r1 = Run(cfg, "none", 1, "paper", tmp_path / "x", data=fakedata.TOKENS)
     assert torch.equal(r0.batches.ix["val"], r1.batches.ix["val"]) and torch.equal(r0.batches.probe, r1.batches.probe)
 
 
@@ -201,12 +196,12 @@ def test_interrupted_rerun_leaves_no_summary_the_logs_do_not_back(tmp_path):
         max(int(p.stem[5:]) for p in (d / "spectra").glob("step_*.npz")) <= 0
 
 
-def test_stale_logs_without_header_start_the_run_afresh(tmp_path, fake_data):
+def test_stale_logs_without_header_start_the_run_afresh(tmp_path):
     """A checkpoint whose logs do not reach it (here: metrics.csv without its header, in the
     run folder and beside the checkpoint, as after two processes wrote one run folder) starts
     the run afresh: the stale logs and checkpoint are moved aside, the run completes as a fresh one would."""
     cfg = load_config(fakedata.write_config(tmp_path / "tiny.yaml"))
-    run = Run(cfg, "none", 0, "paper", tmp_path / "out")
+    run = Run(cfg, "none", 0, "paper", tmp_path / "out", data=fakedata.TOKENS)
     run.open_logs(0)
     run.step = 4
     run.save_checkpoint()
@@ -234,7 +229,7 @@ def test_grad_accum_that_the_ranks_cannot_share_is_refused_before_training(tmp_p
     assert accum_per_rank({"grad_accum": 8}, 4) == 2 and accum_per_rank({"grad_accum": 3}, 1) == 3
     cfg = load_config(fakedata.write_config(tmp_path / "tiny.yaml", train__grad_accum=3))
     with pytest.raises(ConfigError, match=r"train.grad_accum=3 .* multiple of the\s+2 ranks"):
-        Run(cfg, "hetero", 0, "paper", tmp_path / "out", rank=0, world=2)
+        Run(cfg, "hetero", 0, "paper", tmp_path / "out", rank=0, world=2, data=fakedata.TOKENS)
     assert not (tmp_path / "out").exists()
 
 
@@ -253,7 +248,7 @@ def test_a_multi_rank_run_from_before_the_split_batch_is_not_the_config_s():
 
 @pytest.mark.parametrize("stale", ["foo,bar\n1,2\n", "step,train_loss,lr,muon_lr,step_time,tokens_per_s,"
                                    "optimizer_time,optimizer_share\nx,4.1,0.0006,0.02,0.01,100,0.005,0.5\n"])
-def test_stale_logs_without_a_checkpoint_do_not_fail_the_run(tmp_path, fake_data, stale):
+def test_stale_logs_without_a_checkpoint_do_not_fail_the_run(tmp_path, stale):
     d = tmp_path / "out" / "runs" / "tiny" / "none" / "seed0"
     d.mkdir(parents=True)
     (d / "metrics.csv").write_text(stale)
@@ -261,7 +256,7 @@ def test_stale_logs_without_a_checkpoint_do_not_fail_the_run(tmp_path, fake_data
     assert rc == 0 and json.loads((d / "summary.json").read_text())["status"] == "completed"
 
 
-def test_a_factorization_that_breaks_in_an_exploding_run_marks_it_unstable(tmp_path, fake_data, monkeypatch):
+def test_a_factorization_that_breaks_in_an_exploding_run_marks_it_unstable(tmp_path, monkeypatch):
     real = Run.train_step
 
     def step(self):
@@ -279,7 +274,6 @@ _RANK_CHILD = """
 import os, sys
 sys.path.insert(0, {tests!r})
 import fakedata
-fakedata.patch()
 import mwm.train.loop as loop
 from mwm.train.cli import main
 from mwm.train.folder import RunFolder
@@ -293,7 +287,7 @@ if phase == "kill":
     loop.Run.save_checkpoint = save
 elif phase == "resume" and rank == 1:  # this rank looks while rank 0 restores the logs: it would start afresh
     RunFolder.logs_reach = lambda self, step, extent=None: False
-sys.exit(main(sys.argv[2:]))
+sys.exit(main(sys.argv[2:], data=fakedata.TOKENS))
 """
 
 

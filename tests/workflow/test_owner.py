@@ -10,6 +10,7 @@ import re
 
 import pytest
 
+import fakedata
 from mwm.config import load_config
 from mwm.workflow.owner import OWNER_FILE, TAKE_OVER_ENV, OwnerError, check_owner, claim, owner_path
 from fakedata import HAS_SNAKEMAKE, repo_copy, snakemake_in
@@ -51,16 +52,18 @@ def test_same_file_edited_is_a_config_change_another_file_is_refused(tiny_config
     assert json.loads(owner_path("results", "tiny").read_text())["config_file"] == "mine.yaml"
 
 
-def test_hand_run_of_a_copied_config_is_refused_before_writing(tiny_config, fake_data, tmp_path, monkeypatch, capsys):
+def test_hand_run_of_a_copied_config_is_refused_before_writing(tiny_config, tmp_path, monkeypatch, capsys):
     from mwm.train.cli import main
 
     monkeypatch.delenv(TAKE_OVER_ENV, raising=False)
     over = dict(train__max_iters=2, train__lr_decay_iters=2, train__eval_interval=2)
     a = tiny_config("a.yaml", **over)
     out = tmp_path / "out"
-    assert main(["--config", str(a), "--assignment", "none", "--seed", "0", "--out", str(out)]) == 0
+    assert main(["--config", str(a), "--assignment", "none", "--seed", "0", "--out", str(out)],
+                data=fakedata.TOKENS) == 0
     mine = tiny_config("mine.yaml", train__learning_rate=0.02, **over)
-    assert main(["--config", str(mine), "--assignment", "none", "--seed", "1", "--out", str(out)]) == 2
+    assert main(["--config", str(mine), "--assignment", "none", "--seed", "1", "--out", str(out)],
+                data=fakedata.TOKENS) == 2
     assert "belong to" in capsys.readouterr().err and not (out / "runs" / "tiny" / "none" / "seed1").exists()
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import fakedata
 from mwm.workflow import status
 from mwm.config import load_config
 
@@ -114,14 +115,14 @@ def test_reads_a_run_being_written_without_locking(cfg, tmp_path):
     assert got[0].status == "running" and got[0].step == 5
 
 
-def test_a_real_run_logs_progress_and_reads_completed(tiny_config, fake_data, tmp_path, capsys, one_thread):
+def test_a_real_run_logs_progress_and_reads_completed(tiny_config, tmp_path, capsys, one_thread):
     """The training log shows step, loss, lr, ms/step and ETA every log_interval steps, and the
     status table reads the finished run folder."""
     from mwm.train.cli import train
 
     path = tiny_config(train__max_iters=8, train__log_interval=4)
     cfg = load_config(str(path))
-    assert train(cfg, "stiefel", 0, out_root=tmp_path / "results") == 0
+    assert train(cfg, "stiefel", 0, out_root=tmp_path / "results", data=fakedata.TOKENS) == 0
     lines = [ln for ln in capsys.readouterr().out.splitlines() if " step " in ln and "/8 " in ln]
     assert [ln.split()[3] for ln in lines] == ["0/8", "4/8"]
     for ln in lines:

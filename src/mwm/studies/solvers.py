@@ -134,9 +134,10 @@ def parse_candidate(name: str) -> dict:
     return c
 
 
-def capture_sequences(cfg: dict, sec: dict, out: Path, log=print) -> tuple[list[Path], list[dict]]:
+def capture_sequences(cfg: dict, sec: dict, out: Path, log=print, data=None) -> tuple[list[Path], list[dict]]:
     """Run the short trainings that capture the sequences: (the run folders that hold
-    every captured step, ``[{assignment, run, reason}]`` of those that do not)."""
+    every captured step, ``[{assignment, run, reason}]`` of those that do not). ``data``: their token
+    dataset (None: the config's prepared one)."""
     import signal
 
     from mwm.plan.runs import run_dir
@@ -153,7 +154,7 @@ def capture_sequences(cfg: dict, sec: dict, out: Path, log=print) -> tuple[list[
                           capture_sequence={"start": sec["capture_start"], "length": sec["capture_length"]})
         c["grid"]["assignments"] = [assignment]
         try:
-            rc = train(c, assignment, sec["seed"], out_root=out)
+            rc = train(c, assignment, sec["seed"], out_root=out, data=data)
         finally:  # train() installs its checkpoint-on-signal handlers; the study must stay killable
             for sig, handler in saved.items():
                 signal.signal(sig, handler)
@@ -403,8 +404,9 @@ SUMMARY_COLUMNS = ["candidate", "solver", "warm", "steps", "tol", "rho", "manifo
 
 
 def run_solvers(cfg: dict, out: str | Path, config_path: str | None = None, sequence: list[str] | None = None,
-                log=print) -> dict:
-    """Run the solver study into ``out`` (see the module doc)."""
+                log=print, data=None) -> dict:
+    """Run the solver study into ``out`` (see the module doc); ``data``: its capture trainings' token dataset
+    (None: the config's prepared one)."""
     studies = cfg["studies"]
     sec = studies["solvers"]
     device = resolve_device(studies["device"])
@@ -423,7 +425,7 @@ def run_solvers(cfg: dict, out: str | Path, config_path: str | None = None, sequ
             run_dir(RESULTS_ROOT, cfg["name"], v, sec["seed"]) for v in capture_variants(cfg)]
         runs, not_captured = read_captures(given, sec, log)
     else:
-        runs, not_captured = capture_sequences(cfg, sec, out / "_train", log)
+        runs, not_captured = capture_sequences(cfg, sec, out / "_train", log, data=data)
     retraction = cfg["train"]["dgram_retraction"]
     rows, viol = [], []
     for run in runs:

@@ -91,8 +91,9 @@ def keep_foreign_run(cfg: dict, assignment: str, seed: int, retraction: str, out
 
 
 def train(cfg: dict, assignment: str, seed: int, retraction: str | None = None,
-          out_root: str | Path = "results") -> int:
-    """Run (or resume) one training run; returns the process exit status."""
+          out_root: str | Path = "results", data=None) -> int:
+    """Run (or resume) one training run; returns the process exit status. ``data``: its token dataset
+    (None: the config's prepared one, :func:`mwm.train.batches.resolve_data`)."""
     try:
         cfg = run_config(cfg, assignment)
     except ConfigError as exc:
@@ -112,7 +113,7 @@ def train(cfg: dict, assignment: str, seed: int, retraction: str | None = None,
                 print(f"error: {exc}", file=sys.stderr)
                 return 2
         try:
-            run = Run(cfg, assignment, seed, retraction, Path(out_root), rank, world)
+            run = Run(cfg, assignment, seed, retraction, Path(out_root), rank, world, data=data)
         except (ConfigError, ValueError) as exc:  # bad input: refuse before anything is written
             print(f"error: {exc}", file=sys.stderr)
             return 2
@@ -177,7 +178,8 @@ def _int_at_least(low: int, high: int | None = None):
     return parse
 
 
-def main(argv=None) -> int:
+def main(argv=None, data=None) -> int:
+    """The command line; ``data`` (in process only, not to relaunched ranks): the run's token dataset."""
     ap = argparse.ArgumentParser(prog="python -m mwm.train", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", required=True, help="config YAML (validated against the schema)")
@@ -233,7 +235,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     worker_started()
     try:
-        rc = train(cfg, assignment, args.seed, retraction, out)
+        rc = train(cfg, assignment, args.seed, retraction, out, data=data)
     except OSError as exc:  # the run's folder or lock before training (a run's own failures are train's)
         print(f"error: {write_failure(exc, 'the run')} (--out)", file=sys.stderr)
         rc = 1
