@@ -341,3 +341,26 @@ def test_ranks_resume_from_rank_0_s_decision(tmp_path):
     assert s["status"] == "completed" and s["world_size"] == 2 and "resumed" in log0
     steps = [line.split(",")[0] for line in (d / "metrics.csv").read_text().splitlines()[1:]]
     assert steps == [str(i) for i in range(12)]
+
+
+def test_a_signal_handled_just_after_the_ranks_vote_is_not_voted_away(monkeypatch):
+    """The ranks vote on stopping (an all-reduce of their flags) after every step. A signal whose handler
+    runs after this rank's flag went into the vote (as the all-reduce returns) is not in the vote: the ranks
+    agree to go on, and the flag carries to the next vote, where they agree to stop. Overwriting it with the
+    vote lost the scheduler's warning, and the run trained on until it was killed."""
+    import types
+
+    import torch
+
+    run = types.SimpleNamespace(world=2, device="cpu", stop_flag=False)
+
+    def vote_then_signal(flag, op=None):  # a one-rank all-reduce, then the handler of a pending signal
+        run.stop_flag = True
+
+    monkeypatch.setattr(torch.distributed, "all_reduce", vote_then_signal)
+    assert Run.should_stop(run) is False and run.stop_flag  # the vote said go on; the request is kept
+    monkeypatch.setattr(torch.distributed, "all_reduce", lambda flag, op=None: None)
+    assert Run.should_stop(run) is True  # the next vote carries it: every rank stops at this step
+    run.stop_flag = False
+    monkeypatch.setattr(torch.distributed, "all_reduce", lambda flag, op=None: flag.fill_(1.0))
+    assert Run.should_stop(run) is True and run.stop_flag  # another rank's request stops this one too

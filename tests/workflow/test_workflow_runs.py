@@ -170,17 +170,21 @@ def test_launched_ranks_checkpoint_and_exit_75_on_a_scheduler_signal(tmp_path):
     prep = subprocess.run([sys.executable, "-m", "mwm.data", "prepare", "--config", str(cfg)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
     assert prep.returncode == 0, prep.stderr[-2000:]
-    proc = subprocess.Popen([sys.executable, "-m", "mwm.train", "--config", str(cfg), "--assignment", "ddp",
-                             "--seed", "0", "--threads", "2", "--out", "results"], cwd=tmp_path, env=env,
-                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = tmp_path / "launch.log"  # the launcher's, torchrun's and both ranks' output, shown on a failure
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "mwm.train", "--config", str(cfg), "--assignment", "ddp",
+                                 "--seed", "0", "--threads", "2", "--out", "results"], cwd=tmp_path, env=env,
+                                start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
     metrics = tmp_path / "results" / "runs" / "sig" / "ddp" / "seed0" / "metrics.csv"
     t0 = time.time()
     while not (metrics.exists() and len(metrics.read_text().splitlines()) > 5):
-        assert proc.poll() is None and time.time() - t0 < 300
+        assert proc.poll() is None and time.time() - t0 < 300, log.read_text()[-3000:]
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGUSR1)
     try:
-        assert proc.wait(timeout=300) == 75
+        assert proc.wait(timeout=300) == 75, log.read_text()[-3000:]
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"no exit 300 s after SIGUSR1:\n{log.read_text()[-3000:]}") from None
     finally:  # a lost signal leaves the ranks training: stop them
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

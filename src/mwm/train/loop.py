@@ -376,5 +376,8 @@ class Run(Resumable):
         if self.world > 1:
             flag = torch.tensor([float(self.stop_flag)], device=self.device)
             torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-            self.stop_flag = bool(flag.item())
+            agreed = bool(flag.item())
+            # the handler may run after the vote: its flag must carry to the next vote, never be voted away
+            self.stop_flag = self.stop_flag or agreed
+            return agreed
         return self.stop_flag
