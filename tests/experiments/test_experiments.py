@@ -52,8 +52,8 @@ def test_a_module_that_declares_no_experiment_or_a_foreign_round_is_refused(tmp_
         from mwm.experiments.mechanism3 import ROUND
         EXPERIMENT = Experiment((), True, "a copy", "mwm.report.builders:mechanism_round", ROUND)
     """))
-    out = _with_modules(tmp_path, "import mwm.experiments")
-    assert out.returncode != 0 and "its round's report is 'mechanism3', not its name" in out.stderr
+    out = _with_modules(tmp_path, "import mwm.paper")  # a round under two names: its rows twice
+    assert out.returncode != 0 and "claim ids must be unique" in out.stderr
 
 
 def _with_modules(folder: Path, code: str) -> subprocess.CompletedProcess:
@@ -77,7 +77,7 @@ def test_a_new_round_is_its_module_alone(tmp_path):
     rounds' own, with no other file touched."""
     (tmp_path / "mechanism9.py").write_text(textwrap.dedent("""
         from mwm.experiments import Experiment, MechRound
-        ROUND = MechRound(prefix="mech9", report="mechanism9", rebuild="config/mechanism9.yaml", rates=(20.48,),
+        ROUND = MechRound(prefix="mech9", rebuild="config/mechanism9.yaml", rates=(20.48,),
                           min_seeds=16, kinds=("solver", "saturation"), primary=("saturation",),
                           per_kind_check=True, arms={"solver": "a solve", "saturation": "unit queries and keys"})
         EXPERIMENT = Experiment((), True, "a ninth round", "mwm.report.builders:mechanism_round", ROUND)

@@ -34,7 +34,6 @@ class MechRound:
     ``arms``: what each kind's arm does, as the rules say it."""
 
     prefix: str
-    report: str
     rebuild: str
     rates: tuple[float, ...]
     min_seeds: int
@@ -76,8 +75,6 @@ def _discover() -> dict[str, Experiment]:
         exp = getattr(importlib.import_module(f"{__name__}.{info.name}"), "EXPERIMENT", None)
         if not isinstance(exp, Experiment):
             raise TypeError(f"{__name__}.{info.name} declares no EXPERIMENT (an Experiment)")
-        if exp.round is not None and exp.round.report != info.name:
-            raise ValueError(f"{__name__}.{info.name}: its round's report is {exp.round.report!r}, not its name")
         found[info.name] = exp
     return found
 

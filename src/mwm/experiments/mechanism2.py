@@ -11,7 +11,7 @@ ARMS = {"solver": "a fixed inner solve on every constrained matrix",
                       "untouched"}
 
 ROUND = MechRound(
-    prefix="mech2", report="mechanism2",
+    prefix="mech2",
     rebuild="config/mechanism2.yaml (the second pre-registered mechanism experiment, 12 seeds per baseline)",
     rates=(2.56, 5.12), min_seeds=12, kinds=("solver", "solver_attn", "saturation"),
     primary=("solver", "saturation"), per_kind_check=False, arms=ARMS)

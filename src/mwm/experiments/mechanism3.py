@@ -6,7 +6,7 @@ from mwm.experiments import Experiment, MechRound
 from mwm.experiments.mechanism2 import ARMS as ROUND2_ARMS
 
 ROUND = MechRound(
-    prefix="mech3", report="mechanism3",
+    prefix="mech3",
     rebuild="config/mechanism3.yaml (the third pre-registered mechanism experiment: one rate, 12 seeds per "
             "baseline, the solver check per module kind)",
     rates=(10.24,), min_seeds=12, kinds=("solver", "saturation"), primary=("solver", "saturation"),

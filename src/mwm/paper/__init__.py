@@ -367,7 +367,7 @@ CLAIMS: tuple[Claim, ...] = (
                     "combine; not resolved when any of the three contrasts is"),
           _M),
     # --- beyond the paper: the second mechanism experiment, per baseline (config/mechanism2.yaml) --------------
-    *(row for rnd in ROUNDS.values() for b in MECH2_BASELINES for row in round_claims(rnd, b)),
+    *(row for name, rnd in ROUNDS.items() for b in MECH2_BASELINES for row in round_claims(name, rnd, b)),
 )
 
 _BY_ID = {c.id: c for c in CLAIMS}

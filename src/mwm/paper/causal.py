@@ -78,10 +78,11 @@ def _mech_restore_text(rnd: MechRound, b: str, kind: str) -> str:
             "counted and shown, not part of the verdict")
 
 
-def round_claims(rnd: MechRound, b: str) -> tuple[Claim, ...]:
-    """The ``<prefix>.*`` rows of one round and baseline: each baseline is its own experiment."""
+def round_claims(name: str, rnd: MechRound, b: str) -> tuple[Claim, ...]:
+    """The ``<prefix>.*`` rows of round ``name`` (its experiment, which a config's ``workflow.report`` names)
+    and baseline ``b``: each baseline is its own experiment."""
     label, p = _MECH2_LABEL[b], rnd.prefix
-    kw = dict(min_seeds=rnd.min_seeds, needs=rnd.report)
+    kw = dict(min_seeds=rnd.min_seeds, needs=name)
     restores = {"solver": (f"{rnd.arms['solver']} restores {label} where it failed", "6 (mechanism)",
                            "(an alternative the paper does not test)"),
                 "saturation": (f"removing softmax saturation ({rnd.arms['saturation']}) restores {label} where it "

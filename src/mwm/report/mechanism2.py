@@ -219,7 +219,7 @@ def contrast_rows(cfg: dict, res: pd.DataFrame, margin: float) -> list[dict]:
 def mechanism2_tables(cfg: dict, runs, res: pd.DataFrame, out: Path) -> None:
     from mwm.io import atomic_write_text
 
-    name = round_of(cfg).report
+    name = cfg["workflow"]["report"]
     atomic_write_text(out / f"{name}_runs.csv", res.to_csv(index=False))
     rows = []
     for (arm, rate), g in res.groupby(["arm", "rate"], sort=False):
@@ -252,7 +252,7 @@ def mechanism2_tables(cfg: dict, runs, res: pd.DataFrame, out: Path) -> None:
 def fig_mechanism2_loss(cfg: dict, res: pd.DataFrame, out: Path) -> None:
     fig_mechanism_loss(cfg, res, out, kind_of=arm_kind,
                        markers={None: "o", "solver": "s", "solver_attn": "D", "saturation": "^"},
-                       name=f"fig_{round_of(cfg).report}_loss",
+                       name=f"fig_{cfg['workflow']['report']}_loss",
                        title="Each seed of each arm; red x: its manipulation check failed; grey: the failure "
                              f"thresholds (reference + {paper.FAIL_MARGIN:g})")
 
@@ -325,7 +325,7 @@ def fig_mechanism2_checks(cfg: dict, runs, out: Path) -> None:
     fig.suptitle(f"Manipulation checks along training (median over seeds; grey: before step {manipulation.FROM_STEP}, "
                  "not checked)")
     style.legend_below(fig, axes[0][0], ncol=3)
-    style.save(fig, out, f"fig_{round_of(cfg).report}_checks")
+    style.save(fig, out, f"fig_{cfg['workflow']['report']}_checks")
 
 
 def mechanism2_report(cfg: dict, runs, out: Path) -> pd.DataFrame:
@@ -337,6 +337,6 @@ def mechanism2_report(cfg: dict, runs, out: Path) -> pd.DataFrame:
     res = mechanism2_results(cfg, runs)
     mechanism2_tables(cfg, runs, res, out)
     fig_mechanism2_loss(cfg, res, out)
-    fig_mechanism_chain(cfg, res, runs, out, twins=_twins, name=f"fig_{round_of(cfg).report}_chain")
+    fig_mechanism_chain(cfg, res, runs, out, twins=_twins, name=f"fig_{cfg['workflow']['report']}_chain")
     fig_mechanism2_checks(cfg, runs, out)
     return res
