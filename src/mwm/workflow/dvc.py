@@ -222,7 +222,7 @@ def pipelines(configs: list[str], default: str = DEFAULT_CONFIG) -> dict[Path, s
     texts: dict[Path, str] = {}
     owned: set[str] = set()
     for cfg_path in configs:
-        cfg_path = Path(os.path.normpath(cfg_path)).as_posix()
+        cfg_path = _posix(cfg_path)
         cfg = load_config(cfg_path)
         dest = pipeline_file(cfg, cfg_path == os.path.normpath(default))
         if dest in texts:
